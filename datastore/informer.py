@@ -1,0 +1,246 @@
+"""List+watch informers: a consistent local cache of one kind, with callbacks.
+
+The loop lists once, then watches from the list's resourceVersion. A watch that ends
+(server timeout, apiserver restart, network error) is resumed from the last
+resourceVersion seen, with exponential backoff while the apiserver is away. If that
+version has expired (410 Gone), the informer relists and reconciles the new list
+against its cache, so callbacks see each real change exactly once: adds for new
+objects, updates for changed ones, deletes for ones that vanished meanwhile.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from datastore import kinds
+from datastore.client import Datastore
+from datastore.errors import DatastoreError, Gone
+from datastore.transport import Query
+
+log = logging.getLogger(__name__)
+
+Obj = dict[str, Any]
+Handler = Callable[[Obj], None]
+UpdateHandler = Callable[[Obj, Obj], None]
+
+
+def object_key(obj: Obj) -> str:
+    meta = obj.get("metadata", {})
+    namespace = meta.get("namespace")
+    return f"{namespace}/{meta['name']}" if namespace else str(meta["name"])
+
+
+def _version(obj: Obj) -> str:
+    return str(obj.get("metadata", {}).get("resourceVersion", ""))
+
+
+@dataclass
+class InformerStats:
+    """Counters for tests, metrics and `tabbyctl` diagnostics."""
+
+    lists: int = 0
+    watches: int = 0
+    relists_on_gone: int = 0
+    errors: int = 0
+    events: int = 0
+
+
+@dataclass
+class Handlers:
+    on_add: Handler | None = None
+    on_update: UpdateHandler | None = None
+    on_delete: Handler | None = None
+
+
+@dataclass
+class Backoff:
+    """Exponential backoff with a cap; reset after a successful watch event."""
+
+    initial: float = 0.2
+    cap: float = 10.0
+    current: float = field(default=0.0, init=False)
+
+    def next(self) -> float:
+        self.current = min(self.cap, self.current * 2 if self.current else self.initial)
+        return self.current
+
+    def reset(self) -> None:
+        self.current = 0.0
+
+
+class Informer:
+    """Keeps `cache` equal to the apiserver's view of one kind, in a background thread."""
+
+    def __init__(
+        self,
+        datastore: Datastore,
+        kind: kinds.ResourceKind,
+        handlers: Handlers | None = None,
+        *,
+        namespace: str | None = None,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        watch_timeout_s: int = 240,
+        resource_version: str | None = None,
+        backoff: Backoff | None = None,
+    ) -> None:
+        self.datastore = datastore
+        self.kind = kind
+        self.handlers = handlers or Handlers()
+        self.namespace = namespace
+        self.label_selector = label_selector
+        self.field_selector = field_selector
+        self.watch_timeout_s = watch_timeout_s
+        self.resource_version = resource_version or ""
+        self.backoff = backoff or Backoff()
+        self.cache: dict[str, Obj] = {}
+        self.stats = InformerStats()
+        self.synced = threading.Event()
+        self._stop = threading.Event()
+        self._lock = threading.RLock()
+        self._thread: threading.Thread | None = None
+        self._needs_list = not self.resource_version
+
+    # -- public -------------------------------------------------------------------------
+    def start(self) -> Informer:
+        self._thread = threading.Thread(
+            target=self._run, name=f"informer-{self.kind.plural}", daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def wait_synced(self, timeout: float | None = None) -> bool:
+        return self.synced.wait(timeout)
+
+    def snapshot(self) -> dict[str, Obj]:
+        with self._lock:
+            return dict(self.cache)
+
+    # -- loop ---------------------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                if self._needs_list:
+                    self._list_and_reconcile()
+                self._watch_once()
+            except Gone:
+                self.stats.relists_on_gone += 1
+                log.info(
+                    "%s: resourceVersion %s expired; relisting",
+                    self.kind.plural,
+                    self.resource_version,
+                )
+                self._needs_list = True
+            except DatastoreError as exc:
+                self.stats.errors += 1
+                delay = self.backoff.next()
+                log.warning("%s watch failed (%s); retrying in %.1fs", self.kind.plural, exc, delay)
+                self._stop.wait(delay)
+
+    def _query(self) -> Query:
+        query: Query = {}
+        if self.label_selector:
+            query["labelSelector"] = self.label_selector
+        if self.field_selector:
+            query["fieldSelector"] = self.field_selector
+        return query
+
+    def _list_and_reconcile(self) -> None:
+        items, version = self.datastore.list_raw(
+            self.kind,
+            self.namespace,
+            label_selector=self.label_selector,
+            field_selector=self.field_selector,
+        )
+        self.stats.lists += 1
+        fresh = {object_key(item): item for item in items}
+        with self._lock:
+            old = self.cache
+            self.cache = fresh
+        for key, item in fresh.items():
+            if key not in old:
+                self._emit_add(item)
+            elif _version(old[key]) != _version(item):
+                self._emit_update(old[key], item)
+        for key, item in old.items():
+            if key not in fresh:
+                self._emit_delete(item)
+        self.resource_version = version
+        self._needs_list = False
+        self.backoff.reset()
+        self.synced.set()
+
+    def _watch_once(self) -> None:
+        query = {
+            **self._query(),
+            "resourceVersion": self.resource_version,
+            "allowWatchBookmarks": True,
+            "timeoutSeconds": self.watch_timeout_s,
+        }
+        self.stats.watches += 1
+        stream = self.datastore.transport.watch(
+            self.kind.collection_path(self.namespace), query, timeout=self.watch_timeout_s + 30
+        )
+        for event in stream:
+            if self._stop.is_set():
+                return
+            self._handle(event)
+            self.backoff.reset()
+
+    def _handle(self, event: Obj) -> None:
+        kind, obj = event.get("type"), event.get("object") or {}
+        if kind == "ERROR":
+            code = int(obj.get("code", 0))
+            message = str(obj.get("message", "watch error"))
+            if code == 410:
+                raise Gone(message, 410, "Expired")
+            raise DatastoreError(message, code)
+        version = _version(obj)
+        if kind == "BOOKMARK":
+            self.resource_version = version or self.resource_version
+            return
+        self.stats.events += 1
+        key = object_key(obj)
+        with self._lock:
+            old = self.cache.get(key)
+            if kind == "DELETED":
+                self.cache.pop(key, None)
+            else:
+                self.cache[key] = obj
+        self.resource_version = version or self.resource_version
+        if kind == "DELETED":
+            self._emit_delete(obj)
+        elif old is None:
+            self._emit_add(obj)
+        else:
+            self._emit_update(old, obj)
+
+    # -- callbacks never kill the loop --------------------------------------------------
+    def _emit_add(self, obj: Obj) -> None:
+        if self.handlers.on_add:
+            self._safely(self.handlers.on_add, obj)
+
+    def _emit_update(self, old: Obj, new: Obj) -> None:
+        if self.handlers.on_update:
+            self._safely(self.handlers.on_update, old, new)
+
+    def _emit_delete(self, obj: Obj) -> None:
+        if self.handlers.on_delete:
+            self._safely(self.handlers.on_delete, obj)
+
+    def _safely(self, fn: Callable[..., None], *args: Obj) -> None:
+        try:
+            fn(*args)
+        except Exception:
+            log.exception(
+                "%s informer callback failed for %s", self.kind.plural, object_key(args[-1])
+            )

@@ -1,0 +1,152 @@
+"""The one seam to kube-apiserver: JSON requests and watch streams over HTTPS.
+
+Built on urllib3 with the credentials from a kubeconfig (parsed by the kubernetes
+client library), so that watch streams are read line by line without buffering.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from typing import Any, Protocol
+from urllib.parse import urlencode
+
+import urllib3
+from kubernetes import client as k8s_client
+from kubernetes import config as k8s_config
+
+from datastore.errors import DatastoreError, Unavailable, error_for
+
+log = logging.getLogger(__name__)
+
+Query = dict[str, str | int | bool]
+
+
+class Transport(Protocol):
+    """What the datastore needs from an apiserver connection."""
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Query | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+        timeout: float = 30.0,
+    ) -> dict[str, Any]: ...
+
+    def watch(self, path: str, query: Query, timeout: float) -> Iterator[dict[str, Any]]: ...
+
+
+def _query_string(query: Query | None) -> str:
+    if not query:
+        return ""
+    flat = {k: (str(v).lower() if isinstance(v, bool) else str(v)) for k, v in query.items()}
+    return "?" + urlencode(flat)
+
+
+class HttpTransport:
+    """HTTPS to one apiserver, authenticated as the kubeconfig says."""
+
+    def __init__(self, configuration: k8s_client.Configuration) -> None:
+        self.host = configuration.host.rstrip("/")
+        self._headers: dict[str, str] = {"Accept": "application/json"}
+        token = (configuration.api_key or {}).get("authorization")
+        if token:
+            self._headers["Authorization"] = token
+        self._pool = urllib3.PoolManager(
+            num_pools=4,
+            maxsize=8,
+            cert_reqs="CERT_REQUIRED" if configuration.verify_ssl else "CERT_NONE",
+            ca_certs=configuration.ssl_ca_cert,
+            cert_file=configuration.cert_file,
+            key_file=configuration.key_file,
+        )
+
+    @classmethod
+    def from_kubeconfig(cls, path: str, context: str | None = None) -> HttpTransport:
+        configuration = k8s_client.Configuration()
+        k8s_config.load_kube_config(
+            config_file=path, context=context, client_configuration=configuration
+        )
+        return cls(configuration)
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Query | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+        timeout: float = 30.0,
+    ) -> dict[str, Any]:
+        headers = dict(self._headers)
+        data = None
+        if body is not None:
+            headers["Content-Type"] = content_type
+            data = json.dumps(body).encode()
+        url = self.host + path + _query_string(query)
+        try:
+            resp = self._pool.request(
+                method, url, body=data, headers=headers, timeout=timeout, retries=False
+            )
+        except urllib3.exceptions.HTTPError as exc:
+            raise Unavailable(f"apiserver {self.host} unreachable: {exc}") from exc
+        payload = _decode(resp.data)
+        if resp.status >= 300:
+            raise _status_error(resp.status, payload, method, path)
+        return payload
+
+    def watch(self, path: str, query: Query, timeout: float) -> Iterator[dict[str, Any]]:
+        """Yield watch events ({type, object}) until the server closes the stream."""
+        url = self.host + path + _query_string({**query, "watch": True})
+        try:
+            resp = self._pool.request(
+                "GET",
+                url,
+                headers=self._headers,
+                preload_content=False,
+                timeout=urllib3.Timeout(connect=10.0, read=timeout),
+                retries=False,
+            )
+        except urllib3.exceptions.HTTPError as exc:
+            raise Unavailable(f"apiserver {self.host} unreachable: {exc}") from exc
+        try:
+            if resp.status >= 300:
+                raise _status_error(resp.status, _decode(resp.read()), "WATCH", path)
+            yield from _json_lines(resp)
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise Unavailable(f"watch on {path} broke: {exc}") from exc
+        finally:
+            resp.release_conn()
+
+
+def _json_lines(resp: urllib3.BaseHTTPResponse) -> Iterator[dict[str, Any]]:
+    buf = b""
+    for chunk in resp.stream(64 * 1024, decode_content=True):
+        buf += chunk
+        while b"\n" in buf:
+            line, buf = buf.split(b"\n", 1)
+            if line.strip():
+                yield json.loads(line)
+    if buf.strip():
+        yield json.loads(buf)
+
+
+def _decode(data: bytes) -> dict[str, Any]:
+    if not data:
+        return {}
+    try:
+        value = json.loads(data)
+    except ValueError:
+        return {"message": data.decode(errors="replace")[:500]}
+    return value if isinstance(value, dict) else {"items": value}
+
+
+def _status_error(status: int, payload: dict[str, Any], method: str, path: str) -> DatastoreError:
+    reason = str(payload.get("reason", ""))
+    message = str(payload.get("message") or f"{method} {path} answered HTTP {status}")
+    return error_for(status, reason, message)

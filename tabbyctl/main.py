@@ -1,0 +1,65 @@
+"""tabbyctl: inspect and operate a Tabby cluster.
+
+Subcommand groups live in their own modules and are attached here, so each area
+(ipam, node, policy, lab, ...) can grow without touching the others.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+
+import click
+
+from datastore.client import Datastore
+
+DEFAULT_KUBECONFIG = os.path.expanduser("~/.kube/config")
+
+# module path -> attribute holding a click command or group
+SUBCOMMANDS: dict[str, str] = {
+}
+
+
+class Context:
+    """Shared state for subcommands: where the datastore is."""
+
+    def __init__(self, kubeconfig: str) -> None:
+        self.kubeconfig = kubeconfig
+        self._datastore: Datastore | None = None
+
+    @property
+    def datastore(self) -> Datastore:
+        if self._datastore is None:
+            if not os.path.exists(self.kubeconfig):
+                raise click.ClickException(
+                    f"kubeconfig {self.kubeconfig} not found: pass --kubeconfig or set KUBECONFIG"
+                )
+            self._datastore = Datastore.from_kubeconfig(self.kubeconfig)
+        return self._datastore
+
+
+@click.group()
+@click.option(
+    "--kubeconfig",
+    envvar="KUBECONFIG",
+    default=DEFAULT_KUBECONFIG,
+    show_default=True,
+    help="Kubeconfig of the cluster (the lab writes one: see `tabbyctl lab status`).",
+)
+@click.option("-v", "--verbose", is_flag=True, help="Debug logging on stderr.")
+@click.pass_context
+def cli(ctx: click.Context, kubeconfig: str, verbose: bool) -> None:
+    """Inspect and operate Tabby: routed pod networking for Kubernetes."""
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING)
+    ctx.obj = Context(kubeconfig)
+
+
+def _attach_subcommands() -> None:
+    for name, target in SUBCOMMANDS.items():
+        module_name, attr = target.split(":")
+        module = importlib.import_module(module_name)
+        cli.add_command(getattr(module, attr), name=name)
+
+
+_attach_subcommands()

@@ -1,0 +1,109 @@
+"""Integration tier: real kube-apiserver + etcd, real network namespaces, root.
+
+Every test here is checked to leave no network namespace, mount or child process
+behind (beyond the session's control plane), before and after it runs.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from datastore.client import Datastore
+from lab.controlplane import ControlPlane
+from lab.netns import list_netns
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if os.geteuid() != 0:
+        skip = pytest.mark.skip(reason="integration tests need root (network namespaces)")
+        for item in items:
+            item.add_marker(skip)
+
+
+def _children(pid: int) -> set[int]:
+    """All descendants of pid, from /proc (no psutil needed)."""
+    parents: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        state, ppid = stat.rsplit(")", 1)[1].split()[:2]
+        if state == "Z" or _is_python_helper(entry):
+            continue
+        parents.setdefault(int(ppid), []).append(int(entry.name))
+    found: set[int] = set()
+    todo = [pid]
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def _is_python_helper(proc: Path) -> bool:
+    """multiprocessing's resource tracker lives for the whole session by design."""
+    try:
+        return b"multiprocessing" in (proc / "cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def _host_network() -> tuple[str, str]:
+    """The host namespace's links and routes: tests must never change them."""
+
+    def out(*argv: str) -> str:
+        return subprocess.run(argv, check=False, capture_output=True, text=True).stdout
+
+    links = out("ip", "-o", "link", "show")
+    names = "\n".join(sorted(line.split(":")[1].strip() for line in links.splitlines()))
+    return names, out("ip", "route", "show", "table", "all")
+
+
+def _mounts() -> set[str]:
+    return {line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()}
+
+
+@pytest.fixture(scope="session")
+def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    """One etcd + kube-apiserver for the session, with Tabby's CRDs installed."""
+    cp = ControlPlane.start(tmp_path_factory.mktemp("controlplane"))
+    try:
+        yield cp
+    finally:
+        cp.stop()
+
+
+@pytest.fixture
+def datastore(control_plane: ControlPlane) -> Datastore:
+    return control_plane.datastore()
+
+
+@pytest.fixture(autouse=True)
+def no_leftovers(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Fail a test that leaves a namespace, a mount or a process behind."""
+    me = os.getpid()
+    netns_before, mounts_before, kids_before = set(list_netns()), _mounts(), _children(me)
+    host_before = _host_network()
+    yield
+    # Session fixtures (the control plane) may start between before and after.
+    allowed: set[int] = set()
+    if "control_plane" in request.fixturenames:
+        cp: ControlPlane = request.getfixturevalue("control_plane")
+        for pid in cp.pids_running():
+            allowed |= {pid, *_children(pid)}
+    new_netns = set(list_netns()) - netns_before
+    new_mounts = _mounts() - mounts_before
+    new_kids = {p for p in _children(me) - kids_before - allowed if Path(f"/proc/{p}").exists()}
+    assert not new_netns, f"test left network namespaces behind: {sorted(new_netns)}"
+    assert not new_mounts, f"test left mounts behind: {sorted(new_mounts)}"
+    assert not new_kids, f"test left processes behind: {sorted(new_kids)}"
+    assert _host_network() == host_before, "test changed the host's own links or routes"

@@ -1,0 +1,175 @@
+"""Datastore semantics that need no apiserver: models, CAS, retries, informer logic."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from datastore import kinds
+from datastore.client import Datastore, RetriesExhausted
+from datastore.errors import AlreadyExists, Conflict, NotFound, Unavailable, error_for
+from datastore.informer import Handlers, Informer
+from datastore.memory import MemoryTransport
+from datastore.models import IPAMHandle, IPAMHandleSpec, IPPool, IPPoolSpec, Meta
+
+
+def _pool(name: str = "p", cidr: str = "10.0.0.0/16") -> IPPool:
+    return IPPool(metadata=Meta(name=name), spec=IPPoolSpec(cidr=cidr))
+
+
+def test_models_use_camel_case_on_the_wire_and_keep_explicit_aliases() -> None:
+    handle = IPAMHandle(metadata=Meta(name="h"), spec=IPAMHandleSpec(handle_id="net.abc"))
+    wire = handle.to_wire()
+    assert wire["spec"]["handleID"] == "net.abc"
+    assert wire["apiVersion"] == "crd.tabby.dev/v1" and wire["kind"] == "IPAMHandle"
+    assert IPAMHandle.from_wire(wire).spec.handle_id == "net.abc"
+    assert _pool().to_wire()["spec"]["blockSize"] == 26
+
+
+def test_resource_paths() -> None:
+    assert kinds.IPPOOL.object_path("x") == "/apis/crd.tabby.dev/v1/ippools/x"
+    assert kinds.POD.collection_path("ns") == "/api/v1/namespaces/ns/pods"
+    assert kinds.POD.collection_path() == "/api/v1/pods"
+    with pytest.raises(ValueError, match="namespaced"):
+        kinds.POD.object_path("x")
+
+
+def test_create_get_update_delete_with_compare_and_swap() -> None:
+    ds = Datastore(MemoryTransport())
+    created = ds.create(_pool())
+    with pytest.raises(AlreadyExists):
+        ds.create(_pool())
+    fresh = ds.get(IPPool, "p")
+    fresh.spec.disabled = True
+    updated = ds.update(fresh)
+    assert updated.resource_version != created.resource_version
+    created.spec.nat_outgoing = True
+    with pytest.raises(Conflict):
+        ds.update(created)  # stale resourceVersion loses
+    with pytest.raises(Conflict):
+        ds.delete(created)  # stale precondition loses too
+    ds.delete(updated)
+    with pytest.raises(NotFound):
+        ds.get(IPPool, "p")
+    assert ds.try_get(IPPool, "p") is None
+
+
+def test_mutate_retries_conflicts_then_gives_up_with_a_named_error() -> None:
+    transport = MemoryTransport()
+    ds = Datastore(transport)
+    ds.create(_pool())
+    conflicts = {"left": 2}
+
+    def conflict_on_put(method: str, path: str) -> None:
+        if method == "PUT" and conflicts["left"] > 0:
+            conflicts["left"] -= 1
+            raise Conflict("injected", 409, "Conflict")
+
+    transport.fault_hook = conflict_on_put
+
+    def disable(pool: IPPool) -> IPPool:
+        pool.spec.disabled = True
+        return pool
+
+    result = ds.mutate(IPPool, "p", disable)
+    assert result is not None and result.spec.disabled and conflicts["left"] == 0
+
+    conflicts["left"] = 100
+    with pytest.raises(RetriesExhausted, match="IPPool p"):
+        ds.mutate(IPPool, "p", disable, retries=3)
+
+
+def test_mutate_returning_none_writes_nothing() -> None:
+    transport = MemoryTransport()
+    ds = Datastore(transport)
+    before = ds.create(_pool())
+    assert ds.mutate(IPPool, "p", lambda _: None) == ds.get(IPPool, "p")
+    assert ds.get(IPPool, "p").resource_version == before.resource_version
+
+
+def test_error_mapping() -> None:
+    assert isinstance(error_for(409, "AlreadyExists", "x"), AlreadyExists)
+    assert isinstance(error_for(409, "Conflict", "x"), Conflict)
+    assert isinstance(error_for(503, "", "x"), Unavailable)
+
+
+class ScriptedTransport(MemoryTransport):
+    """Lists from memory; watches replay scripted event batches, then end the test."""
+
+    def __init__(self, batches: list[list[dict[str, Any]]]) -> None:
+        super().__init__()
+        self.batches = batches
+        self.watch_versions: list[str] = []
+
+    def watch(self, path: str, query: Any, timeout: float) -> Iterator[dict[str, Any]]:
+        self.watch_versions.append(str(query["resourceVersion"]))
+        if not self.batches:
+            raise Unavailable("script finished")
+        yield from self.batches.pop(0)
+
+
+def _obj(name: str, version: str, cidr: str = "10.0.0.0/16") -> dict[str, Any]:
+    return {"metadata": {"name": name, "resourceVersion": version}, "spec": {"cidr": cidr}}
+
+
+def _run(informer: Informer, until: Any) -> None:
+    informer.start()
+    deadline = 200
+    while deadline and not until():
+        deadline -= 1
+        informer._stop.wait(0.01)
+    informer.stop()
+
+
+def test_informer_relists_on_410_and_reconciles_without_duplicates() -> None:
+    transport = ScriptedTransport([])
+    ds = Datastore(transport)
+    ds.create(_pool("a"))
+    ds.create(_pool("b"))
+    events: list[tuple[str, str]] = []
+    handlers = Handlers(
+        on_add=lambda o: events.append(("add", o["metadata"]["name"])),
+        on_update=lambda old, new: events.append(("update", new["metadata"]["name"])),
+        on_delete=lambda o: events.append(("delete", o["metadata"]["name"])),
+    )
+    informer = Informer(ds, kinds.IPPOOL, handlers)
+
+    def expire_then_change() -> None:
+        # while the informer is "disconnected": b is deleted, c is created
+        ds.delete(ds.get(IPPool, "b"))
+        ds.create(_pool("c"))
+
+    transport.batches = [
+        [{"type": "MODIFIED", "object": _obj("a", "900")}],
+        [{"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "950"}}}],
+        [{"type": "ERROR", "object": {"code": 410, "message": "too old resource version"}}],
+    ]
+    transport.fault_hook = lambda method, path: None
+    original_watch = transport.watch
+
+    def watch_and_mutate(path: str, query: Any, timeout: float) -> Iterator[dict[str, Any]]:
+        if len(transport.watch_versions) == 2:
+            expire_then_change()
+        return original_watch(path, query, timeout)
+
+    transport.watch = watch_and_mutate  # type: ignore[method-assign]
+    _run(informer, lambda: informer.stats.relists_on_gone == 1 and informer.stats.lists == 2)
+
+    assert transport.watch_versions[1:3] == ["900", "950"]  # resumed from the last version seen
+    assert events.count(("add", "a")) == 1 and events.count(("add", "b")) == 1
+    assert ("delete", "b") in events and ("add", "c") in events
+    assert set(informer.snapshot()) == {"a", "c"}
+
+
+def test_informer_callback_errors_do_not_stop_it() -> None:
+    transport = ScriptedTransport([[{"type": "ADDED", "object": _obj("x", "5")}]])
+    ds = Datastore(transport)
+
+    def boom(obj: dict[str, Any]) -> None:
+        raise RuntimeError("handler bug")
+
+    informer = Informer(ds, kinds.IPPOOL, Handlers(on_add=boom))
+    _run(informer, lambda: "x" in informer.snapshot())
+    assert "x" in informer.snapshot()
