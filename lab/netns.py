@@ -12,6 +12,9 @@ from pathlib import Path
 
 NETNS_DIR = Path("/run/netns")
 
+# Namespaces this process created through `add` (for the tests' leftover check).
+CREATED: set[str] = set()
+
 
 class NetnsError(RuntimeError):
     """A command in a namespace failed; carries the command and its stderr."""
@@ -48,6 +51,7 @@ def list_netns(prefix: str = "") -> list[str]:
 
 def add(netns: str) -> None:
     run(["ip", "netns", "add", netns])
+    CREATED.add(netns)
     ip(netns, "link", "set", "lo", "up")
 
 
