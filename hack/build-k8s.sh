@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Build the upstream parts Tabby's tests run for real: kube-apiserver and kubectl
-# from k8s.io/kubernetes, and etcd from go.etcd.io/etcd/server/v3, all through the
-# Go module proxy via the wrapper modules in hack/go/. Binaries land in a cache
-# folder keyed by version and are rebuilt only when missing.
+# from k8s.io/kubernetes, etcd from go.etcd.io/etcd/server/v3 (both through the Go
+# module proxy via the wrapper modules in hack/go/), crictl from sigs.k8s.io/cri-tools,
+# and the pause binary from the C source shipped in the k8s.io/kubernetes module.
+# Binaries land in a cache folder keyed by version and are rebuilt only when missing.
 #
 # Usage: hack/build-k8s.sh            build what is missing, print the bin dir
 #        hack/build-k8s.sh --print    only print the bin dir
@@ -10,10 +11,11 @@ set -euo pipefail
 
 K8S_VERSION=v1.36.3
 ETCD_VERSION=v3.6.16
+CRICTL_VERSION=v1.37.0
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/.." && pwd)
 cache=${TABBY_CACHE_DIR:-$repo/.cache}
-bindir=$cache/bin/k8s-$K8S_VERSION-etcd-$ETCD_VERSION
+bindir=$cache/bin/k8s-$K8S_VERSION-etcd-$ETCD_VERSION-crictl-$CRICTL_VERSION
 
 if [[ "${1:-}" == "--print" ]]; then echo "$bindir"; exit 0; fi
 
@@ -42,9 +44,29 @@ build_etcd() {
       go.etcd.io/etcd/server/v3)
 }
 
+build_crictl() {
+  log "building crictl $CRICTL_VERSION"
+  GOBIN=$bindir go install -trimpath \
+    -ldflags "-s -w -X sigs.k8s.io/cri-tools/pkg/version.Version=$CRICTL_VERSION" \
+    "sigs.k8s.io/cri-tools/cmd/crictl@$CRICTL_VERSION"
+}
+
+build_pause() {
+  # The sandbox's first process; upstream builds it the same way (build/pause/Makefile).
+  local src
+  src=$(cd "$here/go/kubernetes" && go list -m -f '{{.Dir}}' k8s.io/kubernetes)/build/pause/linux
+  log "building pause from $src"
+  gcc -Os -Wall -Werror -static -DVERSION="tabby-$K8S_VERSION" -o "$bindir/pause" \
+    "$src/pause.c"
+  strip "$bindir/pause"
+}
+
 start=$(date +%s)
 [[ -x $bindir/kube-apiserver && -x $bindir/kubectl ]] || build_k8s
 [[ -x $bindir/etcd ]] || build_etcd
-printf '%s\n' "kubernetes=$K8S_VERSION" "etcd=$ETCD_VERSION" > "$bindir/VERSIONS"
+[[ -x $bindir/crictl ]] || build_crictl
+[[ -x $bindir/pause ]] || build_pause
+printf '%s\n' "kubernetes=$K8S_VERSION" "etcd=$ETCD_VERSION" "crictl=$CRICTL_VERSION" \
+  > "$bindir/VERSIONS"
 log "binaries ready in $(( $(date +%s) - start ))s: $bindir"
 echo "$bindir"

@@ -21,9 +21,7 @@ class NetnsError(RuntimeError):
 
 
 def run(argv: Sequence[str], *, check: bool = True, timeout: float = 30) -> str:
-    proc = subprocess.run(
-        list(argv), check=False, capture_output=True, text=True, timeout=timeout
-    )
+    proc = subprocess.run(list(argv), check=False, capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:
         raise NetnsError(f"{' '.join(argv)} failed ({proc.returncode}): {proc.stderr.strip()}")
     return proc.stdout

@@ -33,10 +33,15 @@ class ManagedProcess:
         *,
         env: dict[str, str] | None = None,
         netns: str | None = None,
+        keep_mounts: bool = False,
     ) -> None:
         self.name = name
         self.argv = list(argv)
-        if netns:
+        if netns and keep_mounts:
+            # `ip netns exec` remounts /sys (hiding cgroups from runtimes); nsenter
+            # enters only the network namespace.
+            self.argv = ["nsenter", f"--net=/run/netns/{netns}", *self.argv]
+        elif netns:
             self.argv = ["ip", "netns", "exec", netns, *self.argv]
         self.log_path = log_path
         self.env = env

@@ -125,9 +125,18 @@ class Lab:
     def _plug(self, inner_ns: str, inner_if: str, outer_if: str, subnet: int, addr: str) -> None:
         """A veth from inner_ns to bridge br<subnet> in the underlay, with an address."""
         netns.ip(
-            self.underlay, "link", "add", outer_if, "type", "veth",
-            "peer", "name", inner_if, "netns", inner_ns,
-        )  # fmt: skip
+            self.underlay,
+            "link",
+            "add",
+            outer_if,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            inner_if,
+            "netns",
+            inner_ns,
+        )
         netns.ip(self.underlay, "link", "set", outer_if, "master", f"br{subnet}", "up")
         netns.ip(inner_ns, "addr", "add", addr, "dev", inner_if)
         netns.ip(inner_ns, "link", "set", inner_if, "up")
@@ -151,9 +160,24 @@ class Lab:
         self._save()
         return node
 
-    def start_process(self, name: str, node: Node, argv: list[str]) -> ManagedProcess:
+    def start_process(
+        self,
+        name: str,
+        node: Node,
+        argv: list[str],
+        *,
+        env: dict[str, str] | None = None,
+        keep_mounts: bool = False,
+    ) -> ManagedProcess:
         """Run a daemon inside a node namespace; stopped by PID at teardown."""
-        proc = ManagedProcess(name, argv, self.state_dir / f"{name}.log", netns=node.netns)
+        proc = ManagedProcess(
+            name,
+            argv,
+            self.state_dir / f"{name}.log",
+            netns=node.netns,
+            env=env,
+            keep_mounts=keep_mounts,
+        )
         proc.start()
         PidRegistry(self.state_dir / "pids.json").record(proc)
         self.processes.append(proc)
@@ -183,11 +207,15 @@ class Lab:
             "lab_id": self.lab_id,
             "subnets": self.subnets,
             "nodes": [
-                {"name": n.name, "netns": n.netns, "address": str(n.address),
-                 "subnet": n.subnet_index}
+                {
+                    "name": n.name,
+                    "netns": n.netns,
+                    "address": str(n.address),
+                    "subnet": n.subnet_index,
+                }
                 for n in self.nodes
             ],
-        }  # fmt: skip
+        }
         (self.state_dir / "lab.json").write_text(json.dumps(data, indent=1))
 
     @classmethod
@@ -243,7 +271,7 @@ def cleanup_stale() -> list[str]:
     """Remove labs whose owner process is gone (a crashed run); return their ids."""
     ids = {name[len(PREFIX) :].split("-", 1)[0] for name in netns.list_netns(PREFIX)}
     if STATE_ROOT.is_dir():
-        ids |= {p.name for p in STATE_ROOT.iterdir() if p.is_dir()}
+        ids |= {p.name for p in STATE_ROOT.iterdir() if (p / "owner.pid").exists()}
     stale = sorted(i for i in ids if not _owner_alive(i))
     for lab_id in stale:
         log.warning("removing lab %s left behind by a process that is gone", lab_id)
