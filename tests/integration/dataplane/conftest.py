@@ -8,18 +8,15 @@ fails.
 
 from __future__ import annotations
 
-import os
 import secrets
 import shutil
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from felix.dataplane.backend import LEGACY, LEGACY_IPTC, NFT, Backend
 from felix.dataplane.runner import SubprocessRunner
 from lab import netns
-from tests.integration.conftest import _children, _host_network, _mounts
 
 PREFIX = "tbt-dp"
 NEEDED = ("iptables-nft-restore", "iptables-legacy-restore", "ipset", "ip")
@@ -67,28 +64,3 @@ def peer() -> Iterator[str]:
 @pytest.fixture
 def runner(ns: str) -> SubprocessRunner:
     return SubprocessRunner(netns=ns, timeout=30)
-
-
-@pytest.fixture(autouse=True)
-def no_leftovers() -> Iterator[None]:
-    """The integration tier's leftover check, narrowed to this folder's namespaces.
-
-    Other sessions on a shared host create and delete their own namespaces
-    while these tests run; counting those made the parent check fail here for
-    nothing. Mounts, child processes and the host's links and routes are
-    checked exactly as the parent fixture does.
-    """
-    me = os.getpid()
-    netns_before, mounts_before, kids_before = (
-        set(netns.list_netns(PREFIX)),
-        _mounts(),
-        _children(me),
-    )
-    host_before = _host_network()
-    yield
-    new_netns = set(netns.list_netns(PREFIX)) - netns_before
-    new_kids = {p for p in _children(me) - kids_before if Path(f"/proc/{p}").exists()}
-    assert not new_netns, f"test left network namespaces behind: {sorted(new_netns)}"
-    assert not _mounts() - mounts_before, "test left mounts behind"
-    assert not new_kids, f"test left processes behind: {sorted(new_kids)}"
-    assert _host_network() == host_before, "test changed the host's own links or routes"

@@ -230,3 +230,33 @@ def test_libiptc_reader_sees_what_iptables_save_sees(ns: str, runner: Subprocess
     assert via_iptc == read_kernel_view(runner, LEGACY, "filter")
     assert via_iptc["cali-x"] == ["--kDqR3JID94uCSj", None]
     assert via_iptc["INPUT"] == [None]
+
+
+@pytest.mark.parametrize(
+    ("table_name", "hook"),
+    [("raw", "PREROUTING"), ("mangle", "POSTROUTING"), ("nat", "OUTPUT"), ("filter", "INPUT")],
+)
+def test_every_table_takes_chains_and_hooks(
+    ns: str, runner: SubprocessRunner, backend: Backend, table_name: str, hook: str
+) -> None:
+    t = table(runner, backend, table_name)
+    t.set_chain(f"cali-{hook}", [r("-j", "RETURN")])
+    t.insert_hooks(hook, [r("-j", f"cali-{hook}")])
+    t.apply()
+    t.invalidate()
+
+    assert t.apply().bytes_written == 0
+    assert chain_rules(ns, backend, hook, table_name) == [f"-j cali-{hook}"]
+
+
+def test_ipv6_table(ns: str, runner: SubprocessRunner, backend: Backend) -> None:
+    v6 = backend.v6()
+    t = table(runner, v6)
+    t.set_chain("cali-INPUT", [r("-s", "fd00::1/128", "-j", "DROP")])
+    t.insert_hooks("INPUT", [r("-j", "cali-INPUT")])
+    t.apply()
+    t.invalidate()
+
+    assert t.apply().bytes_written == 0
+    assert chain_rules(ns, v6, "cali-INPUT") == ["-s fd00::1/128 -j DROP"]
+    assert "cali-INPUT" not in netns.ns_exec(ns, backend.save_argv("filter"))
