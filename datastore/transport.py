@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Iterator
 from typing import Any, Protocol
 from urllib.parse import urlencode
@@ -21,6 +22,11 @@ from datastore.errors import DatastoreError, Unavailable, error_for
 log = logging.getLogger(__name__)
 
 Query = dict[str, str | int | bool]
+
+# "storage is (re)initializing" (429) and 5xx on reads are worth a short wait.
+RETRY_ATTEMPTS = 8
+RETRY_INITIAL_S = 0.1
+RETRY_CAP_S = 2.0
 
 
 class Transport(Protocol):
@@ -82,6 +88,28 @@ class HttpTransport:
         body: Any = None,
         content_type: str = "application/json",
         timeout: float = 30.0,
+    ) -> dict[str, Any]:
+        """One request; retried while the apiserver asks to (429) or, for reads, is busy."""
+        delay = RETRY_INITIAL_S
+        for _ in range(RETRY_ATTEMPTS - 1):
+            try:
+                return self._request_once(method, path, query, body, content_type, timeout)
+            except Unavailable as exc:
+                if not (exc.status == 429 or (method == "GET" and exc.status >= 500)):
+                    raise
+                log.debug("%s %s: %s; retrying in %.2fs", method, path, exc, delay)
+                time.sleep(delay)
+                delay = min(delay * 2, RETRY_CAP_S)
+        return self._request_once(method, path, query, body, content_type, timeout)
+
+    def _request_once(
+        self,
+        method: str,
+        path: str,
+        query: Query | None,
+        body: Any,
+        content_type: str,
+        timeout: float,
     ) -> dict[str, Any]:
         headers = dict(self._headers)
         data = None

@@ -30,6 +30,7 @@ import yaml
 
 from datastore.client import Datastore
 from datastore.errors import AlreadyExists, DatastoreError
+from datastore.kinds import TABBY_KINDS
 from lab.pki import CertificateAuthority, write_service_account_key
 from lab.process import ManagedProcess, PidRegistry
 
@@ -283,7 +284,21 @@ class ControlPlane:
                 time.sleep(0.1)
         if pending:
             raise ControlPlaneError(f"CRDs not established in time: {sorted(pending)}")
+        self._wait_custom_storage(deadline)
         return names
+
+    def _wait_custom_storage(self, deadline: float) -> None:
+        """Fresh CRDs answer 'storage is (re)initializing' for a while: wait it out here."""
+        transport = self.datastore().transport
+        for kind in TABBY_KINDS:
+            while True:
+                try:
+                    transport.request("GET", kind.collection_path())
+                    break
+                except DatastoreError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.2)
 
     def _crd_established(self, name: str) -> bool:
         body = self.datastore().transport.request("GET", f"{CRD_PATH}/{name}")

@@ -1,7 +1,7 @@
 """The lab: Kubernetes "nodes" as network namespaces on an underlay of bridges.
 
     underlay ns (tlab-<id>-ul): br0 .. br<K-1>, one bridge per subnet
-    router ns   (tlab-<id>-rt): one leg per subnet (only when K > 1); knows no pod routes
+    router ns   (tlab-<id>-rt): the nodes' default gateway, one leg per subnet; no pod routes
     node ns     (tlab-<id>-n<i>): eth0 on its subnet's bridge, forwarding on, lo up,
                                   127.0.0.1:<apiserver port> relayed to the control plane
 
@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 
 PREFIX = "tlab-"
 STATE_ROOT = Path("/run/tabby-lab")
-SUBNET_BASE = ipaddress.ip_network("172.31.0.0/16")
+SUBNET_BASE = ipaddress.IPv4Network("172.31.0.0/16")
 ROUTER_HOST = 254
 KILL_TIMEOUT_S = 5.0
 
@@ -115,12 +115,14 @@ class Lab:
         for k in range(self.subnets):
             netns.ip(self.underlay, "link", "add", f"br{k}", "type", "bridge")
             netns.ip(self.underlay, "link", "set", f"br{k}", "up")
-        if self.subnets > 1:
-            netns.add(self.router)
-            netns.sysctl(self.router, "net.ipv4.ip_forward", "1")
-            for k in range(self.subnets):
-                addr = f"{self.gateway(k)}/{self.subnet(k).prefixlen}"
-                self._plug(self.router, f"s{k}", f"r{k}", k, addr)
+        # The router is every node's default gateway (as on a real network: proxy ARP
+        # for the pods' 169.254.1.1 gateway needs the node to have a default route),
+        # and joins the subnets when there are several. It knows no pod routes.
+        netns.add(self.router)
+        netns.sysctl(self.router, "net.ipv4.ip_forward", "1")
+        for k in range(self.subnets):
+            addr = f"{self.gateway(k)}/{self.subnet(k).prefixlen}"
+            self._plug(self.router, f"s{k}", f"r{k}", k, addr)
 
     def _plug(self, inner_ns: str, inner_if: str, outer_if: str, subnet: int, addr: str) -> None:
         """A veth from inner_ns to bridge br<subnet> in the underlay, with an address."""
@@ -154,8 +156,7 @@ class Lab:
         netns.add(node.netns)
         self._plug(node.netns, "eth0", f"n{index}", subnet, str(node.address))
         netns.sysctl(node.netns, "net.ipv4.ip_forward", "1")
-        if self.subnets > 1:
-            netns.ip(node.netns, "route", "add", "default", "via", self.gateway(subnet))
+        netns.ip(node.netns, "route", "add", "default", "via", self.gateway(subnet))
         self.nodes.append(node)
         self._save()
         return node

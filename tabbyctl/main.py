@@ -18,6 +18,10 @@ DEFAULT_KUBECONFIG = os.path.expanduser("~/.kube/config")
 
 # module path -> attribute holding a click command or group
 SUBCOMMANDS: dict[str, str] = {
+    "ipam": "tabbyctl.ipam:ipam",
+    "node": "tabbyctl.node:node",
+    "cni": "tabbyctl.cni:cni",
+    "endpoints": "tabbyctl.cni:endpoints",
 }
 
 
@@ -63,3 +67,7 @@ def _attach_subcommands() -> None:
 
 
 _attach_subcommands()
+
+
+if __name__ == "__main__":
+    cli()

@@ -59,9 +59,9 @@ class CliError(click.ClickException):
 
 
 def fail(message: str, code: int = 2) -> None:
-    err = CliError(message)
-    err.exit_code = code
-    raise err
+    """Stop with 'Error: message' and exit code `code` (2: bad input, 1: found problems)."""
+    error_type = type("CliError", (CliError,), {"exit_code": code})
+    raise error_type(message)
 
 
 def warn(message: str) -> None:

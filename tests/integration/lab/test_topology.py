@@ -16,8 +16,9 @@ REPO = Path(__file__).resolve().parents[3]
 def _ping(lab: Lab, src: str, dst: str) -> bool:
     out = subprocess.run(
         ["ip", "netns", "exec", lab.node(src).netns, "ping", "-c1", "-W2", lab.node(dst).ip],
-        capture_output=True, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        check=False,
+    )
     return out.returncode == 0
 
 
@@ -58,8 +59,8 @@ def test_node_namespace_reaches_the_apiserver_through_the_unix_socket_relay(
         out = netns.ns_exec(node.netns, [sys.executable, "-c", probe], timeout=60)
         assert out.strip().isdigit(), out
         assert relay.alive()
-        # the node namespace has no route to the host: only the relay makes this work
-        assert "default" not in netns.ip(node.netns, "route", "show")
+        # the node's default route leads to the lab's router, never to the host
+        assert f"default via {lab.gateway(0)}" in netns.ip(node.netns, "route", "show")
     finally:
         lab.teardown()
 
@@ -70,7 +71,7 @@ def test_a_crashed_runs_lab_is_removed_by_the_next_run() -> None:
     lab = Lab.create(nodes=2, owner_pid=dead.pid)  # as if its owner crashed
     sleeper = lab.start_process("sleeper", lab.node("node1"), ["sleep", "300"])
     sleeper.proc = None  # the crashed owner can no longer stop it itself
-    assert len(lab.namespaces()) == 3
+    assert len(lab.namespaces()) == 4  # underlay, router, two nodes
     removed = cleanup_stale()
     assert lab.lab_id in removed
     assert lab.namespaces() == []

@@ -18,10 +18,27 @@ REPO = Path(__file__).resolve().parents[3]
 
 SHIM_ALLOWED = {"json", "os", "socket", "sys", "errno", "__future__", "typing", "select", "time"}
 IO_MODULES = {
-    "subprocess", "socket", "http", "urllib", "urllib3", "requests", "kubernetes", "pyroute2",
-    "iptc", "exabgp", "datastore", "felix", "lab", "bgp", "cni", "tabbyctl", "asyncio",
-    "multiprocessing", "threading", "shutil",
-}  # fmt: skip
+    "subprocess",
+    "socket",
+    "http",
+    "urllib",
+    "urllib3",
+    "requests",
+    "kubernetes",
+    "pyroute2",
+    "iptc",
+    "exabgp",
+    "datastore",
+    "felix",
+    "lab",
+    "bgp",
+    "cni",
+    "tabbyctl",
+    "asyncio",
+    "multiprocessing",
+    "threading",
+    "shutil",
+}
 # Typed data without I/O that pure code may use.
 PURE_ALLOWED = {"datastore.models", "datastore.kinds", "datastore.errors"}
 PURE_FILES = [

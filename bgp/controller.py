@@ -1,0 +1,153 @@
+"""BGP for one node, wired end to end: datastore objects in, sessions and routes out.
+
+This is what the node agent calls. It keeps the two halves of bgp/ apart:
+- compute: `compute_plan` (peers), `announcements` (prefixes), `desired_dataplane`
+  (kernel state from learned routes), all pure;
+- apply: the Speaker (ExaBGP) and the Route/Neigh managers (netlink).
+
+`update()` takes a full snapshot of the inputs (the agent calls it on any watch
+event and on its resync timer); `resync()` re-applies the kernel state from the
+routes currently learned, which also repairs drift. Learned-route changes from the
+speaker call `resync()` by themselves.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from bgp.config import BGPPlan, compute_plan
+from bgp.kernel import ApplyResult, NeighManager, Netlink, RouteManager
+from bgp.messages import LearnedRoute
+from bgp.nodes import parse_nodes
+from bgp.routes import (
+    IPIP_DEVICE,
+    VXLAN_DEVICE,
+    Dataplane,
+    RouteContext,
+    announcements,
+    desired_dataplane,
+    own_blocks,
+)
+from bgp.speaker import Speaker, SpeakerOptions
+from datastore.models import BGPConfiguration, BGPPeer, BlockAffinity, IPPool
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class BGPInputs:
+    """A snapshot of everything BGP depends on (raw Node dicts, typed resources)."""
+
+    config: BGPConfiguration | None = None
+    nodes: Sequence[Mapping[str, Any]] = ()
+    peers: Sequence[BGPPeer] = ()
+    affinities: Sequence[BlockAffinity] = ()
+    pools: Sequence[IPPool] = ()
+    borrowed: Sequence[tuple[str, str | None]] = ()  # (ip, owner of its block) used here
+
+
+@dataclass
+class ControllerStatus:
+    """The last outcome, for logs, metrics and health."""
+
+    plan: BGPPlan | None = None
+    dataplane: Dataplane = field(default_factory=Dataplane)
+    routes: ApplyResult = field(default_factory=ApplyResult)
+    neigh_errors: list[str] = field(default_factory=list)
+
+
+class BGPController:
+    """Owns this node's Speaker and kernel managers; thread-safe."""
+
+    def __init__(
+        self,
+        node_name: str,
+        options: SpeakerOptions,
+        netlink: Callable[[], Netlink],
+        *,
+        ipip_device: str = IPIP_DEVICE,
+        vxlan_device: str = VXLAN_DEVICE,
+    ) -> None:
+        self.node_name = node_name
+        self.options = options
+        self.routes = RouteManager(netlink)
+        self.neighs = NeighManager(netlink, vxlan_device)
+        self.ipip_device = ipip_device
+        self.vxlan_device = vxlan_device
+        self.speaker: Speaker | None = None
+        self.status = ControllerStatus()
+        self._ctx: RouteContext | None = None
+        self._lock = threading.RLock()
+
+    def update(self, inputs: BGPInputs) -> ControllerStatus:
+        """Recompute everything from a snapshot and apply it."""
+        plan = compute_plan(inputs.config, inputs.nodes, inputs.peers, self.node_name)
+        self.status.plan = plan
+        if plan is None:
+            log.warning("node %s has no usable address annotation yet", self.node_name)
+            return self.status
+        for problem in plan.problems:
+            log.warning("bgp: %s", problem)
+        facts = parse_nodes(inputs.nodes)
+        ctx = RouteContext(
+            me=facts[self.node_name],
+            own_blocks=own_blocks(self.node_name, inputs.affinities),
+            pools=tuple(inputs.pools),
+            nodes=facts,
+            ipip_device=self.ipip_device,
+            vxlan_device=self.vxlan_device,
+        )
+        prefixes = announcements(self.node_name, inputs.affinities, inputs.borrowed)
+        with self._lock:
+            self._ctx = ctx
+            self._apply_kernel(self._learned())  # blackholes before we announce the blocks
+            speaker, fresh = self.speaker, self.speaker is None
+            if speaker is None:
+                speaker = self.speaker = Speaker(plan, self.options, on_routes=self._on_routes)
+        # Speaker calls happen outside our lock: its callback thread takes our lock
+        # while holding its own, so holding ours here could deadlock.
+        if fresh:
+            speaker.announce(prefixes)
+            speaker.start()
+        else:
+            speaker.update_plan(plan)
+            speaker.announce(prefixes)
+        return self.status
+
+    def resync(self) -> ControllerStatus:
+        """Re-apply kernel state from the routes learned now (timer, drift repair)."""
+        with self._lock:
+            self._apply_kernel(self._learned())
+            return self.status
+
+    def stop(self) -> None:
+        """Stop the speaker; kernel routes stay (a restart must not change packet fates)."""
+        speaker = self.speaker
+        if speaker is not None:
+            speaker.stop()
+
+    def _learned(self) -> list[LearnedRoute]:
+        return self.speaker.learned_routes() if self.speaker is not None else []
+
+    def _on_routes(self, learned: list[LearnedRoute]) -> None:
+        with self._lock:
+            self._apply_kernel(learned)
+
+    def _apply_kernel(self, learned: list[LearnedRoute]) -> None:
+        if self._ctx is None:
+            return
+        plane = desired_dataplane(self._ctx, learned)
+        for problem in plane.problems:
+            log.warning("bgp route: %s", problem)
+        self.routes.set_desired(plane.routes)
+        # after a restart, keep routes the previous run learned until BGP caught up
+        synced = self.speaker is not None and self.speaker.synced()
+        result = self.routes.apply(prune=synced)
+        for message in (*result.conflicts, *result.errors):
+            log.warning("bgp kernel: %s", message)
+        self.status.dataplane, self.status.routes = plane, result
+        self.status.neigh_errors = self.neighs.apply(plane.neighs, plane.fdbs)

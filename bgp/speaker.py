@@ -1,0 +1,386 @@
+"""The one seam to the BGP speaker: an ExaBGP process, supervised, and its API bridge.
+
+Process layout (research notes 1.3, 1.4, 2.1):
+
+    agent (this class) ──unix socket── api_helper.py ──stdin/stdout── ExaBGP ── peers
+                                       (ExaBGP's child)
+
+- The agent writes ExaBGP's config file (bgp.config), starts `exabgp server` in its
+  own session (SIGHUP would mean shutdown to ExaBGP), with `exabgp_daemon_user=root`
+  (else the helper runs as nobody) and `exabgp_api_cli=false`.
+- The helper is a stateless relay; every line it forwards is parsed (bgp.messages)
+  and fed to the pure SpeakerCore (bgp.rib), whose commands go back the same way.
+- Supervision: when ExaBGP exits it is restarted with exponential backoff; the
+  core treats that as every session going down (their routes are dropped).
+- A changed peer set rewrites the config and sends SIGUSR1 (reload); new peers get
+  our routes replayed when they come up.
+- Every change of peer state is written to a JSON status file for `tabbyctl node
+  status` (format: `status_document`).
+
+Callbacks (`on_routes`) run on the reader thread, outside the lock, with the full
+learned-route list: the agent turns it into kernel routes (bgp.routes, bgp.kernel).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import json
+import logging
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bgp.config import BGPPlan, RenderOptions, render_exabgp_config
+from bgp.messages import Ack, LearnedRoute, Unparsed, parse_line
+from bgp.rib import SpeakerCore
+
+log = logging.getLogger(__name__)
+
+STATUS_VERSION = 1
+MAX_UNIX_PATH = 107  # sun_path holds 108 bytes with the terminating NUL
+HELPER = Path(__file__).with_name("api_helper.py")
+RoutesCallback = Callable[[list[LearnedRoute]], None]
+
+
+def default_status_path(run_dir: Path = Path("/run/tabby")) -> Path:
+    """Where the agent publishes BGP status for `tabbyctl node status`."""
+    return run_dir / "bgp-status.json"
+
+
+def exabgp_env(base: dict[str, str] | None = None, log_level: str = "INFO") -> dict[str, str]:
+    """ExaBGP settings that matter (research notes 1.4): helpers as root, no CLI FIFOs."""
+    env = dict(os.environ if base is None else base)
+    env.update(
+        {
+            "exabgp_daemon_user": "root",
+            "exabgp_daemon_daemonize": "false",
+            "exabgp_api_cli": "false",
+            "exabgp_api_ack": "true",
+            "exabgp_log_level": log_level,
+            "exabgp_log_short": "false",
+        }
+    )
+    return env
+
+
+@dataclass
+class SpeakerOptions:
+    """Where files go and how ExaBGP is started."""
+
+    workdir: Path
+    exabgp: str = str(Path(sys.executable).with_name("exabgp"))
+    python: str = sys.executable
+    command_prefix: Sequence[str] = ()  # e.g. ("ip", "netns", "exec", "<ns>") in tests
+    status_file: Path | None = None
+    render: RenderOptions = field(default_factory=RenderOptions)
+    log_level: str = "WARNING"  # INFO logs every session event: for debugging
+    backoff_initial: float = 0.5
+    backoff_max: float = 30.0
+    stop_timeout: float = 5.0
+
+    @property
+    def config_file(self) -> Path:
+        return self.workdir / "exabgp.conf"
+
+    @property
+    def socket_path(self) -> Path:
+        return self.workdir / "api.sock"
+
+    @property
+    def log_file(self) -> Path:
+        return self.workdir / "exabgp.log"
+
+
+class Speaker:
+    """One supervised ExaBGP process and the bridge to its API."""
+
+    def __init__(
+        self, plan: BGPPlan, options: SpeakerOptions, on_routes: RoutesCallback | None = None
+    ) -> None:
+        self.options = options
+        self.on_routes = on_routes
+        self.core = SpeakerCore(plan)
+        self._lock = threading.RLock()
+        self._callback_lock = threading.Lock()  # callbacks in order, one at a time
+        self._stop = threading.Event()
+        self._conn: socket.socket | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._threads: list[threading.Thread] = []
+        self._last_routes: list[LearnedRoute] = []
+        self._last_synced = False
+        self._next_tick = 0.0
+        self.restarts = 0
+        self.errors = 0  # `error` acks from ExaBGP
+        if len(str(options.socket_path).encode()) > MAX_UNIX_PATH:
+            raise ValueError(
+                f"{options.socket_path}: too long for a unix socket; use a shorter workdir"
+            )
+        options.workdir.mkdir(parents=True, exist_ok=True)
+        self._write_config(plan)
+
+    # -- public ---------------------------------------------------------------------------
+    def start(self) -> None:
+        """Listen for the relay first (ExaBGP starts it at once), then run ExaBGP."""
+        listener = self._listen()
+        self._thread("bgp-api", self._serve, listener)
+        self._thread("bgp-supervisor", self._supervise)
+        self._write_status()
+
+    def _thread(self, name: str, target: Callable[..., None], *args: Any) -> None:
+        thread = threading.Thread(target=target, args=args, name=name, daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def stop(self) -> None:
+        """Stop ExaBGP (TERM, then KILL) and the threads; safe to call twice."""
+        self._stop.set()
+        self._terminate()
+        for thread in self._threads:
+            thread.join(timeout=self.options.stop_timeout + 2)
+        self._threads = []
+        with contextlib.suppress(FileNotFoundError):
+            self.options.socket_path.unlink()
+        self._write_status()
+
+    def update_plan(self, plan: BGPPlan) -> None:
+        """New peers or local facts: reconfigure ExaBGP (SIGUSR1) if the config changed."""
+        with self._lock:
+            self._send(self.core.set_plan(plan))
+            changed = self._write_config(plan)
+            proc = self._proc
+        if changed and proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGUSR1)
+        self._after_change()
+
+    def announce(self, prefixes: Iterable[ipaddress.IPv4Network]) -> None:
+        """Set our own announcements (blocks and borrowed /32s); only changes are sent."""
+        with self._lock:
+            self._send(self.core.set_origin(prefixes))
+        self._after_change()
+
+    def learned_routes(self) -> list[LearnedRoute]:
+        with self._lock:
+            return self.core.learned_routes()
+
+    @property
+    def pid(self) -> int | None:
+        proc = self._proc
+        return proc.pid if proc is not None and proc.poll() is None else None
+
+    def status_document(self) -> dict[str, Any]:
+        """The status file's content (version 1); see tabbyctl.node for the reader."""
+        with self._lock:
+            return {
+                "version": STATUS_VERSION,
+                "node": self.core.local.node,
+                "agentPid": os.getpid(),
+                "speaker": "exabgp",
+                "speakerPid": self.pid,
+                "speakerRunning": self.pid is not None,
+                "stopped": self._stop.is_set(),
+                "routerId": str(self.core.local.router_id),
+                "asNumber": self.core.local.as_number,
+                "updated": time.time(),
+                "announced": [str(p) for p in sorted(self.core.origin)],
+                "learnedRoutes": len(self.core.learned_routes()),
+                "synced": self.core.synced(),
+                "peers": [s.to_json() for s in self.core.peer_statuses()],
+            }
+
+    # -- config ---------------------------------------------------------------------------
+    def _write_config(self, plan: BGPPlan) -> bool:
+        """Write the config atomically; True when its text changed."""
+        argv = [self.options.python, str(HELPER), str(self.options.socket_path)]
+        text = render_exabgp_config(plan, argv, self.options.render)
+        path = self.options.config_file
+        if path.exists() and path.read_text() == text:
+            return False
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(text)
+        tmp.replace(path)
+        return True
+
+    # -- the ExaBGP process -----------------------------------------------------------------
+    def _supervise(self) -> None:
+        backoff = self.options.backoff_initial
+        while not self._stop.is_set():
+            started = time.monotonic()
+            proc = self._spawn()
+            proc.wait()
+            if self._stop.is_set():
+                break
+            log.warning("exabgp exited with %s; restarting in %.1fs", proc.returncode, backoff)
+            with self._lock:
+                self.restarts += 1
+                self._send(self.core.speaker_restarted())
+            self._after_change()
+            if time.monotonic() - started > 60:
+                backoff = self.options.backoff_initial
+            self._stop.wait(backoff)
+            backoff = min(backoff * 2, self.options.backoff_max)
+
+    def _spawn(self) -> subprocess.Popen[bytes]:
+        argv = [*self.options.command_prefix, self.options.exabgp, "server"]
+        argv.append(str(self.options.config_file))
+        with self.options.log_file.open("ab") as logf:
+            proc = subprocess.Popen(
+                argv,
+                env=exabgp_env(log_level=self.options.log_level),
+                stdin=subprocess.DEVNULL,
+                stdout=logf,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # no SIGHUP from our terminal; one group to kill
+                cwd=self.options.workdir,
+            )
+        with self._lock:
+            self._proc = proc
+        self._write_status()
+        return proc
+
+    def _terminate(self) -> None:
+        proc = self._proc
+        if proc is None or proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=self.options.stop_timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=self.options.stop_timeout)
+
+    # -- the API bridge ---------------------------------------------------------------------
+    def _listen(self) -> socket.socket:
+        path = self.options.socket_path
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(str(path))
+        os.chmod(path, 0o600)
+        listener.listen(2)
+        return listener
+
+    def _serve(self, listener: socket.socket) -> None:
+        """Accept the relay, read its lines; a new relay replaces the old one."""
+        sel = selectors.DefaultSelector()
+        sel.register(listener, selectors.EVENT_READ, None)
+        buffers: dict[socket.socket, bytes] = {}
+        try:
+            while not self._stop.is_set():
+                for key, _ in sel.select(timeout=0.2):
+                    if key.data is None:
+                        conn, _ = listener.accept()
+                        sel.register(conn, selectors.EVENT_READ, "relay")
+                        buffers[conn] = b""
+                        self._attach(conn)
+                    else:
+                        self._read(key.fileobj, sel, buffers)  # type: ignore[arg-type]
+                self._tick()
+        finally:
+            for conn in buffers:
+                conn.close()
+            listener.close()
+
+    def _tick(self) -> None:
+        """About once a second: expire stale routes, notice the end of the initial sync."""
+        now = time.monotonic()
+        if now < self._next_tick:
+            return
+        self._next_tick = now + 1.0
+        with self._lock:
+            expired, commands = self.core.tick()
+            self._send(commands)
+            synced = self.core.synced()
+        if expired or synced != self._last_synced:
+            self._after_change()
+
+    def synced(self) -> bool:
+        """BGP has caught up since start (see SpeakerCore.synced)."""
+        with self._lock:
+            return self.core.synced()
+
+    def _attach(self, conn: socket.socket) -> None:
+        with self._lock:
+            self._conn = conn
+            self._send(self.core.resync())
+
+    def _read(
+        self, conn: socket.socket, sel: selectors.BaseSelector, buffers: dict[socket.socket, bytes]
+    ) -> None:
+        try:
+            data = conn.recv(1 << 20)
+        except OSError:
+            data = b""
+        if not data:
+            sel.unregister(conn)
+            buffers.pop(conn, None)
+            conn.close()
+            with self._lock:
+                if self._conn is conn:
+                    self._conn = None
+            return
+        lines = (buffers[conn] + data).split(b"\n")
+        buffers[conn] = lines.pop()
+        for line in lines:
+            self._handle_line(line.decode("utf-8", "replace"))
+
+    def _handle_line(self, line: str) -> None:
+        event = parse_line(line)
+        if isinstance(event, Ack):
+            if not event.ok:
+                self.errors += 1
+                log.warning("exabgp refused a command")
+            return
+        if isinstance(event, Unparsed):
+            log.debug("api: %s (%s)", event.line[:200], event.reason)
+            return
+        with self._lock:
+            self._send(self.core.handle(event))
+        self._after_change()
+
+    def _send(self, commands: list[str]) -> None:
+        """Write commands to the relay (lock held); lost if none is connected, see resync."""
+        if not commands or self._conn is None:
+            return
+        try:
+            self._conn.sendall("".join(c + "\n" for c in commands).encode("ascii"))
+        except OSError as err:
+            level = logging.DEBUG if self._stop.is_set() else logging.WARNING
+            log.log(level, "api relay write failed: %s", err)
+
+    # -- status and callbacks -----------------------------------------------------------
+    def _after_change(self) -> None:
+        self._write_status()
+        with self._callback_lock:
+            routes, synced = self.learned_routes(), self.synced()
+            if (routes, synced) == (self._last_routes, self._last_synced):
+                return
+            self._last_routes, self._last_synced = routes, synced
+            if self.on_routes is not None:
+                try:
+                    self.on_routes(routes)
+                except Exception:
+                    log.exception("route callback failed")
+
+    def _write_status(self) -> None:
+        path = self.options.status_file
+        if path is None:
+            return
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(self.status_document(), indent=1))
+            tmp.replace(path)
+        except OSError as err:
+            log.warning("cannot write %s: %s", path, err)

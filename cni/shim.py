@@ -1,0 +1,368 @@
+#!/usr/bin/python3 -IS
+"""The ``tabby`` CNI executable: a thin shim in front of the node agent.
+
+The container runtime runs this file for every ADD, DEL, CHECK, STATUS, GC and
+VERSION call (it is copied to the CNI bin dir and run as ``python3 -I -S``).
+Start-up time is paid once per pod operation, so the file imports only
+``json``, ``os``, ``socket`` and ``sys`` and holds no state: it checks the call,
+forwards ``{command, env, args, config}`` as one JSON message to the node agent
+over a root-only unix socket and prints the agent's answer. VERSION is answered
+here, without the agent.
+
+Wire contract with the agent (``felix/cni_server.py``): the shim writes one JSON
+object and shuts down its write side; the agent answers one JSON object,
+``{"result": {...}}`` (printed as is; ``null`` for DEL/CHECK/STATUS/GC) or
+``{"error": {"code", "msg", "details"}}``, and closes.
+
+Agent unreachable (no socket file, connection refused):
+
+- ADD, CHECK, STATUS and GC fail with code 11 (try again later), naming the
+  socket, so the runtime retries once the agent is back.
+- DEL **succeeds** (exit 0, warning on stderr), as Multus does. A failing DEL
+  keeps the pod sandbox (and the Pod) stuck until the agent returns; a
+  succeeding one lets the runtime destroy the netns, which takes the veth and
+  the host route with it. Only the IPAM reservation leaks, and the agent
+  releases it at start-up and on CNI GC (handles whose attachment is no longer
+  valid). If the agent accepted the connection but did not answer in time, DEL
+  returns 11: the agent is alive and a retry is cheap because DEL is idempotent.
+
+The agent imports the validation helpers below so that both sides agree on
+what a valid call is; keep them free of anything but the standard library.
+"""
+
+import json
+import os
+import socket
+import sys
+
+SUPPORTED_VERSIONS = ("0.3.1", "0.4.0", "1.0.0", "1.1.0")
+COMMANDS = ("ADD", "DEL", "CHECK", "VERSION", "STATUS", "GC")
+DEFAULT_SOCKET = "/run/tabby/cni.sock"
+DEFAULT_TIMEOUT_S = 120.0
+CONNECT_TIMEOUT_S = 5.0
+MAX_MESSAGE = 16 * 1024 * 1024
+
+# CNI spec error codes (SPEC.md "Error" section; 100+ are Tabby's own).
+ERR_INCOMPATIBLE_VERSION = 1
+ERR_UNSUPPORTED_FIELD = 2
+ERR_UNKNOWN_CONTAINER = 3
+ERR_INVALID_ENV = 4
+ERR_IO = 5
+ERR_DECODING = 6
+ERR_INVALID_CONFIG = 7
+ERR_TRY_AGAIN_LATER = 11
+ERR_NOT_AVAILABLE = 50
+ERR_INTERNAL = 999
+ERR_CHECK_FAILED = 100  # Tabby: CHECK found the dataplane not as ADD left it.
+
+K8S_ARGS = ("K8S_POD_NAMESPACE", "K8S_POD_NAME", "K8S_POD_INFRA_CONTAINER_ID", "K8S_POD_UID")
+_NEEDS_NETNS = ("ADD", "CHECK")
+_NEEDS_CONTAINER = ("ADD", "DEL", "CHECK")
+_NAME_EXTRA = "_.-"
+
+
+class CNIError(Exception):
+    """A failure the runtime should see as CNI error JSON with a spec code."""
+
+    def __init__(self, code: int, msg: str, details: str = "") -> None:
+        super().__init__(msg)
+        self.code = code
+        self.msg = msg
+        self.details = details
+
+    def to_dict(self, cni_version: str) -> dict:
+        """Render the spec error object for *cni_version*."""
+        return {
+            "cniVersion": cni_version,
+            "code": self.code,
+            "msg": self.msg,
+            "details": self.details,
+        }
+
+
+def _version_tuple(version: str) -> tuple:
+    return tuple(int(p) if p.isdigit() else 0 for p in version.split("."))
+
+
+def version_at_least(version: str, minimum: str) -> bool:
+    """Compare dotted CNI versions numerically ("0.10.0" > "0.4.0")."""
+    return _version_tuple(version) >= _version_tuple(minimum)
+
+
+def is_valid_name(value: object) -> bool:
+    """The spec's name/container-id grammar: ``^[a-zA-Z0-9][a-zA-Z0-9_.\\-]*$``."""
+    if not isinstance(value, str) or not value or not value.isascii():
+        return False
+    return value[0].isalnum() and all(c.isalnum() or c in _NAME_EXTRA for c in value)
+
+
+def validate_ifname(ifname: str) -> None:
+    """Reject names the kernel would refuse, before anything is allocated."""
+    if not ifname:
+        raise CNIError(ERR_INVALID_ENV, "CNI_IFNAME is empty")
+    if len(ifname.encode()) > 15:
+        raise CNIError(ERR_INVALID_ENV, f"CNI_IFNAME {ifname!r} is longer than 15 bytes")
+    if ifname in (".", ".."):
+        raise CNIError(ERR_INVALID_ENV, f"CNI_IFNAME {ifname!r} is not a valid interface name")
+    if any(c in "/:" or c.isspace() for c in ifname):
+        raise CNIError(ERR_INVALID_ENV, f"CNI_IFNAME {ifname!r} contains '/', ':' or whitespace")
+
+
+def parse_cni_args(raw: str) -> dict:
+    """Parse ``K=V;K2=V2`` (CNI_ARGS); unknown keys are kept, empty items skipped."""
+    args: dict = {}
+    for item in raw.split(";"):
+        if not item.strip():
+            continue
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise CNIError(ERR_INVALID_ENV, f"CNI_ARGS item {item!r} is not KEY=VALUE")
+        args[key.strip()] = value.strip()
+    return args
+
+
+def _require_env(env: dict, key: str) -> str:
+    value = env.get(key, "")
+    if not value:
+        raise CNIError(ERR_INVALID_ENV, f"required environment variable {key} is not set")
+    return value
+
+
+def validate_env(command: str, env: dict) -> dict:
+    """Check the CNI_* variables *command* needs; return the subset to forward."""
+    out = {"CNI_COMMAND": command}
+    if command in _NEEDS_CONTAINER:
+        cid = _require_env(env, "CNI_CONTAINERID")
+        if not is_valid_name(cid):
+            raise CNIError(ERR_INVALID_ENV, f"CNI_CONTAINERID {cid!r} has invalid characters")
+        out["CNI_CONTAINERID"] = cid
+        ifname = _require_env(env, "CNI_IFNAME")
+        validate_ifname(ifname)
+        out["CNI_IFNAME"] = ifname
+    netns = env.get("CNI_NETNS", "")
+    if command in _NEEDS_NETNS:
+        netns = _require_env(env, "CNI_NETNS")
+    if netns and command in _NEEDS_CONTAINER:
+        if not netns.startswith("/"):
+            raise CNIError(ERR_INVALID_ENV, f"CNI_NETNS {netns!r} is not an absolute path")
+        if command in _NEEDS_NETNS and not os.path.exists(netns):
+            raise CNIError(ERR_UNKNOWN_CONTAINER, f"network namespace {netns} does not exist")
+        out["CNI_NETNS"] = netns
+    if command == "GC":
+        out["CNI_PATH"] = _require_env(env, "CNI_PATH")
+    elif env.get("CNI_PATH"):
+        out["CNI_PATH"] = env["CNI_PATH"]
+    out["CNI_ARGS"] = env.get("CNI_ARGS", "")
+    return out
+
+
+def _check_attachments(value: object) -> None:
+    if not isinstance(value, list):
+        raise CNIError(ERR_INVALID_CONFIG, "cni.dev/attachments must be a list")
+    for item in value:
+        if not (
+            isinstance(item, dict)
+            and isinstance(item.get("containerID"), str)
+            and isinstance(item.get("ifname"), str)
+        ):
+            raise CNIError(
+                ERR_INVALID_CONFIG,
+                "cni.dev/attachments entries need string containerID and ifname",
+                json.dumps(item)[:200],
+            )
+
+
+def _check_optional_fields(config: dict) -> None:
+    mtu = config.get("mtu")
+    if mtu is not None and (type(mtu) is not int or not 68 <= mtu <= 65535):
+        raise CNIError(ERR_INVALID_CONFIG, f"mtu must be an integer in 68..65535, got {mtu!r}")
+    sock = config.get("agent_socket")
+    if sock is not None and not (isinstance(sock, str) and sock.startswith("/")):
+        raise CNIError(ERR_INVALID_CONFIG, f"agent_socket must be an absolute path, got {sock!r}")
+    timeout = config.get("agent_timeout_s")
+    if timeout is not None and (type(timeout) not in (int, float) or not 0 < timeout <= 3600):
+        raise CNIError(
+            ERR_INVALID_CONFIG, f"agent_timeout_s must be 0 < seconds <= 3600, got {timeout!r}"
+        )
+    prev = config.get("prevResult")
+    if prev is not None and not isinstance(prev, dict):
+        raise CNIError(ERR_INVALID_CONFIG, "prevResult must be an object")
+    if "cni.dev/attachments" in config:
+        _check_attachments(config["cni.dev/attachments"])
+
+
+def validate_config(command: str, config: object) -> dict:
+    """Check the network configuration's shape; return it unchanged."""
+    if not isinstance(config, dict):
+        raise CNIError(ERR_DECODING, "network configuration must be a JSON object")
+    version = config.get("cniVersion")
+    if not isinstance(version, str):
+        raise CNIError(ERR_INVALID_CONFIG, "cniVersion is missing or not a string")
+    if version not in SUPPORTED_VERSIONS:
+        raise CNIError(
+            ERR_INCOMPATIBLE_VERSION,
+            f"unsupported cniVersion {version!r}",
+            "supported: " + ", ".join(SUPPORTED_VERSIONS),
+        )
+    if command in ("STATUS", "GC") and not version_at_least(version, "1.1.0"):
+        raise CNIError(
+            ERR_INCOMPATIBLE_VERSION, f"config version {version} does not allow {command}"
+        )
+    if command == "GC" and "cni.dev/attachments" not in config:
+        # Without the list every attachment would look stale: refuse, never wipe.
+        raise CNIError(ERR_INVALID_CONFIG, "GC needs cni.dev/attachments (the valid attachments)")
+    if not is_valid_name(config.get("name")):
+        raise CNIError(ERR_INVALID_CONFIG, "network name is missing or invalid")
+    if not isinstance(config.get("type"), str) or not config["type"]:
+        raise CNIError(ERR_INVALID_CONFIG, "plugin type is missing or not a string")
+    _check_optional_fields(config)
+    return config
+
+
+def decode_config(raw: bytes) -> object:
+    """Decode stdin; a decoding failure is spec code 6."""
+    try:
+        return json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise CNIError(ERR_DECODING, "failed to decode network configuration", str(exc)) from None
+
+
+def build_request(command: str, env: dict, raw_config: bytes) -> dict:
+    """Validate the whole call and build the message for the agent."""
+    if not command:
+        raise CNIError(ERR_INVALID_ENV, "required environment variable CNI_COMMAND is not set")
+    if command not in COMMANDS:
+        raise CNIError(ERR_INVALID_ENV, f"unknown CNI_COMMAND {command!r}")
+    config = validate_config(command, decode_config(raw_config))
+    sub_env = validate_env(command, env)
+    args = parse_cni_args(sub_env["CNI_ARGS"])
+    return {"command": command, "env": sub_env, "args": args, "config": config}
+
+
+def caller_version(raw_config: bytes) -> str:
+    """The caller's cniVersion if we speak it, else our newest (for answers and errors)."""
+    try:
+        config = json.loads(raw_config)
+        requested = config.get("cniVersion") if isinstance(config, dict) else None
+    except (ValueError, UnicodeDecodeError):
+        requested = None
+    return requested if requested in SUPPORTED_VERSIONS else SUPPORTED_VERSIONS[-1]
+
+
+def version_result(raw_config: bytes) -> dict:
+    """Answer VERSION without the agent; an unreadable stdin is not an error."""
+    return {"cniVersion": caller_version(raw_config), "supportedVersions": list(SUPPORTED_VERSIONS)}
+
+
+def _recv_all(sock: socket.socket) -> bytes:
+    chunks: list = []
+    size = 0
+    while True:
+        chunk = sock.recv(65536)
+        if not chunk:
+            return b"".join(chunks)
+        size += len(chunk)
+        if size > MAX_MESSAGE:
+            raise CNIError(ERR_INTERNAL, "agent answer is too large")
+        chunks.append(chunk)
+
+
+class AgentUnreachable(Exception):
+    """No agent listening: the socket is missing or refuses connections."""
+
+
+def call_agent(path: str, request: dict, timeout: float) -> dict:
+    """Send one request, read one answer; errors are CNIError or AgentUnreachable."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        # Blocking connect waits for room in a busy agent's backlog, bounded by
+        # SO_SNDTIMEO (a struct timeval); settimeout() would fail at once with EAGAIN.
+        timeval = int(CONNECT_TIMEOUT_S).to_bytes(8, sys.byteorder) + bytes(8)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeval)
+        try:
+            sock.connect(path)
+        except (FileNotFoundError, ConnectionRefusedError) as exc:
+            raise AgentUnreachable(f"tabby agent socket {path}: {exc}") from None
+        except OSError as exc:  # e.g. a full backlog: the agent lives but is busy
+            raise CNIError(
+                ERR_TRY_AGAIN_LATER, f"tabby agent on {path} did not accept", str(exc)
+            ) from None
+        sock.settimeout(timeout)
+        try:
+            sock.sendall(json.dumps(request).encode())
+            sock.shutdown(socket.SHUT_WR)
+            raw = _recv_all(sock)
+        except OSError as exc:
+            raise CNIError(
+                ERR_TRY_AGAIN_LATER, f"no answer from the tabby agent on {path}", str(exc)
+            ) from None
+    finally:
+        sock.close()
+    try:
+        answer = json.loads(raw)
+    except ValueError:
+        raise CNIError(ERR_INTERNAL, f"tabby agent on {path} sent an undecodable answer") from None
+    if not isinstance(answer, dict):
+        raise CNIError(ERR_INTERNAL, f"tabby agent on {path} sent a malformed answer")
+    return answer
+
+
+def _answer(answer: dict) -> object:
+    error = answer.get("error")
+    if isinstance(error, dict):
+        raise CNIError(
+            int(error.get("code", ERR_INTERNAL)),
+            str(error.get("msg", "agent error")),
+            str(error.get("details", "")),
+        )
+    return answer.get("result")
+
+
+def forward(request: dict) -> object:
+    """Forward a validated request; map an absent agent per the module docstring."""
+    config = request["config"]
+    path = config.get("agent_socket") or DEFAULT_SOCKET
+    timeout = float(config.get("agent_timeout_s") or DEFAULT_TIMEOUT_S)
+    try:
+        return _answer(call_agent(path, request, timeout))
+    except AgentUnreachable as exc:
+        if request["command"] == "DEL":
+            sys.stderr.write(f"tabby: {exc}; DEL treated as done, GC releases the address\n")
+            return None
+        raise CNIError(
+            ERR_TRY_AGAIN_LATER,
+            f"tabby agent is not reachable on {path}; is the node agent running?",
+            str(exc),
+        ) from None
+
+
+def run(env: dict, raw_config: bytes) -> tuple:
+    """Handle one call; return (exit code, stdout text)."""
+    command = env.get("CNI_COMMAND", "")
+    if command == "VERSION":
+        return 0, json.dumps(version_result(raw_config))
+    try:
+        result = forward(build_request(command, env, raw_config))
+    except CNIError as exc:
+        return 1, json.dumps(exc.to_dict(caller_version(raw_config)))
+    except Exception as exc:  # the runtime must always get spec JSON
+        error = CNIError(ERR_INTERNAL, "tabby shim failed", repr(exc))
+        return 1, json.dumps(error.to_dict(caller_version(raw_config)))
+    if result is None:
+        return 0, ""
+    return 0, json.dumps(result)
+
+
+def main() -> int:
+    """Entry point: env and stdin in, JSON and exit status out."""
+    raw = b""
+    if os.environ.get("CNI_COMMAND") != "VERSION" or not sys.stdin.isatty():
+        raw = sys.stdin.buffer.read()
+    code, text = run(dict(os.environ), raw)
+    if text:
+        sys.stdout.write(text + "\n")
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""felix package."""

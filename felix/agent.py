@@ -1,0 +1,469 @@
+"""tabby-node: the per-node agent.
+
+It wires the parts together and owns nothing else:
+
+    informers (datastore) --changes--> ReconcileLoop --sync--> dataplane components
+    CNI server (unix socket) --ADD/DEL--> IPAM + pod wiring --> endpoint hook
+    HealthServer: /healthz, /readyz (datastore synced, dataplane programmed), /metrics
+
+Start-up order matters for safety: caches sync first, the dataplane is programmed,
+and only then does the CNI server report ready, so no pod is wired before the node
+knows its pools and policy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from ipaddress import IPv4Address
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from bgp.annotations import IPV4_ADDRESS
+from bgp.controller import BGPController, BGPInputs
+from bgp.kernel import iproute_factory
+from bgp.speaker import SpeakerOptions, default_status_path
+from datastore import kinds
+from datastore.client import Datastore
+from datastore.errors import DatastoreError, NotFound
+from datastore.informer import Handlers, Informer
+from datastore.models import BGPConfiguration, BGPPeer, BlockAffinity, IPAMBlock, IPPool
+from felix import logs
+from felix.cni_server import (
+    ANNOTATION_CONTAINER_ID,
+    ANNOTATION_POD_IP,
+    CNIHandlers,
+    CNIRequest,
+    CNIServer,
+    Endpoint,
+    PodKey,
+)
+from felix.health import HealthServer, Readiness
+from felix.loop import ReconcileLoop
+from ipam.allocator import IPAMAllocator
+from ipam.block import AllocationBlock
+from ipam.selector import SelectorError, parse_selector
+
+log = logging.getLogger(__name__)
+
+SYNC_TIMEOUT_S = 60.0
+
+
+@dataclass
+class AgentConfig:
+    """Everything the agent needs to know about where it runs."""
+
+    node_name: str
+    kubeconfig: str
+    run_dir: Path = Path("/run/tabby")
+    health_host: str = "127.0.0.1"
+    health_port: int = 9099
+    mtu: int = 1500
+    resync_interval_s: float = 60.0
+    log_level: str = "info"
+    node_ip: str | None = None  # "172.31.0.11/24": BGP address and subnet of this node
+    bgp: bool = True
+
+    @property
+    def bgp_status_file(self) -> Path:
+        return default_status_path(self.run_dir)
+
+    @property
+    def cni_socket(self) -> Path:
+        return self.run_dir / "cni.sock"
+
+
+class Metrics:
+    """The agent's Prometheus metrics, in their own registry."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.cni_latency = Histogram(
+            "tabby_cni_request_seconds",
+            "CNI request handling time in the agent",
+            ["command", "result"],
+            registry=self.registry,
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+        )
+        self.dataplane_apply = Histogram(
+            "tabby_dataplane_apply_seconds",
+            "Time of one dataplane sync pass",
+            registry=self.registry,
+        )
+        self.bgp_peers_up = Gauge(
+            "tabby_bgp_peers_up", "Established BGP sessions", registry=self.registry
+        )
+        self.ipam_in_use = Gauge(
+            "tabby_ipam_addresses_in_use",
+            "Pod addresses assigned on this node",
+            registry=self.registry,
+        )
+        self.endpoints = Gauge(
+            "tabby_workload_endpoints", "Pods wired on this node", registry=self.registry
+        )
+        self.sync_failures = Counter(
+            "tabby_sync_failures_total", "Failed dataplane passes", registry=self.registry
+        )
+
+
+class IPAMAddresses:
+    """Adapts the IPAM allocator to what the CNI server needs (idempotent per handle).
+
+    The handles this node holds are loaded once at start; a repeated ADD (or one
+    after an agent restart) finds its address again without a datastore read for
+    every new pod.
+    """
+
+    def __init__(
+        self, allocator: IPAMAllocator, pools: Informer, node_labels: Mapping[str, str]
+    ) -> None:
+        self.allocator = allocator
+        self.pools = pools
+        self.node_labels = node_labels
+        self._lock = threading.Lock()
+        self._known = allocator.node_handles()
+
+    def assign(self, handle_id: str, attrs: Mapping[str, str]) -> IPv4Address:
+        with self._lock:
+            known = handle_id in self._known
+        if known:
+            existing = self.allocator.addresses_of(handle_id)
+            if existing:
+                return existing[0]
+        address = self.allocator.auto_assign(handle_id, dict(attrs), num=1)[0]
+        with self._lock:
+            self._known.add(handle_id)
+        return address
+
+    def release(self, handle_id: str) -> None:
+        self.allocator.release_by_handle(handle_id)
+        with self._lock:
+            self._known.discard(handle_id)
+
+    def handles(self) -> set[str]:
+        """This node's handles only: CNI GC must never touch another node's pods."""
+        handles = self.allocator.node_handles()
+        with self._lock:
+            self._known = set(handles)
+        return handles
+
+    def ready(self) -> bool:
+        """A pool that is enabled and selects this node exists."""
+        for raw in self.pools.snapshot().values():
+            pool = IPPool.from_wire(raw)
+            if pool.spec.disabled:
+                continue
+            try:
+                if parse_selector(pool.spec.node_selector).matches(self.node_labels):
+                    return True
+            except SelectorError:
+                continue
+        return False
+
+
+class TimedHandlers(CNIHandlers):
+    """CNIHandlers that record each request's latency and outcome."""
+
+    metrics: Metrics
+
+    def handle(self, request: CNIRequest) -> dict[str, Any] | None:
+        began = time.perf_counter()
+        outcome = "error"
+        try:
+            result = super().handle(request)
+            outcome = "ok"
+            return result
+        finally:
+            self.metrics.cni_latency.labels(request.command, outcome).observe(
+                time.perf_counter() - began
+            )
+            self.metrics.endpoints.set(len(self.endpoints.all()))
+
+
+class Agent:
+    """One node's agent; `run()` blocks until SIGTERM/SIGINT."""
+
+    def __init__(self, config: AgentConfig, datastore: Datastore) -> None:
+        self.config = config
+        self.datastore = datastore
+        self.metrics = Metrics()
+        self.readiness = Readiness("datastore", "dataplane")
+        self.stopping = threading.Event()
+        self.loop = ReconcileLoop(self._sync, config.resync_interval_s, name="dataplane")
+        self.informers: dict[str, Informer] = {}
+        self.node_labels: dict[str, str] = {}
+        self.cni: CNIServer | None = None
+        self.handlers: TimedHandlers | None = None
+        self.health: HealthServer | None = None
+        self.bgp: BGPController | None = None
+
+    # -- start-up -----------------------------------------------------------------------
+    def start(self) -> None:
+        self.config.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.health = HealthServer(
+            self.readiness, self.metrics.registry, self.config.health_host, self.config.health_port
+        ).start()
+        self._start_informers()
+        self._wait_synced()
+        self._publish_node_address()
+        self.node_labels = self._read_node_labels()
+        if self.config.bgp:
+            self.bgp = BGPController(
+                self.config.node_name,
+                SpeakerOptions(
+                    workdir=self.config.run_dir / "bgp",
+                    status_file=self.config.bgp_status_file,
+                ),
+                iproute_factory(None),
+            )
+        allocator = IPAMAllocator(
+            self.datastore, self.config.node_name, node_labels=self.node_labels
+        )
+        addresses = IPAMAddresses(allocator, self.informers["pools"], self.node_labels)
+        self.handlers = TimedHandlers(
+            addresses,
+            annotate=self._annotate_pod,
+            on_endpoint_added=self._endpoint_added,
+            on_endpoint_removed=self._endpoint_removed,
+            default_mtu=self.config.mtu,
+        )
+        self.handlers.metrics = self.metrics
+        self.loop.start()
+        self._sync({"startup"})
+        self.readiness.set("dataplane", True)
+        self.handlers.set_synced(True)
+        self.cni = CNIServer(str(self.config.cni_socket), self.handlers)
+        self.cni.start()
+        log.info("agent ready", extra={"cni_socket": str(self.config.cni_socket)})
+
+    def _start_informers(self) -> None:
+        node = self.config.node_name
+        specs: dict[str, tuple[kinds.ResourceKind, str | None]] = {
+            "pools": (kinds.IPPOOL, None),
+            "nodes": (kinds.NODE, None),
+            "local-pods": (kinds.POD, f"spec.nodeName={node}"),
+            "bgpconfigs": (kinds.BGPCONFIGURATION, None),
+            "bgppeers": (kinds.BGPPEER, None),
+            "affinities": (kinds.BLOCKAFFINITY, None),
+            "blocks": (kinds.IPAMBLOCK, None),
+        }
+        for name, (kind, field_selector) in specs.items():
+            informer = Informer(
+                self.datastore, kind, self._requester(name), field_selector=field_selector
+            )
+            self.informers[name] = informer.start()
+
+    def _requester(self, reason: str) -> Handlers:
+        """Informer callbacks that only ask the loop for a pass (work happens there)."""
+
+        def changed(*_objects: dict[str, Any]) -> None:
+            self.loop.request(reason)
+
+        return Handlers(on_add=changed, on_update=changed, on_delete=changed)
+
+    def _objects(self, informer: str) -> list[dict[str, Any]]:
+        return list(self.informers[informer].snapshot().values())
+
+    def _wait_synced(self) -> None:
+        deadline = time.monotonic() + SYNC_TIMEOUT_S
+        for name, informer in self.informers.items():
+            if not informer.wait_synced(max(0.0, deadline - time.monotonic())):
+                raise RuntimeError(f"datastore cache {name} did not sync in {SYNC_TIMEOUT_S:.0f}s")
+        self.readiness.set("datastore", True)
+
+    def _read_node_labels(self) -> dict[str, str]:
+        for raw in self.informers["nodes"].snapshot().values():
+            if raw["metadata"]["name"] == self.config.node_name:
+                return dict(raw["metadata"].get("labels") or {})
+        log.warning("Node %s not found in the datastore; using no labels", self.config.node_name)
+        return {}
+
+    # -- hooks from the CNI server ------------------------------------------------------
+    def _annotate_pod(self, pod: PodKey, annotations: Mapping[str, str]) -> None:
+        if not annotations.get(ANNOTATION_POD_IP) and not self._owns(pod):
+            return  # a late DEL of an older sandbox must not clear the new one's address
+        patch = {"metadata": {"annotations": {k: (v or None) for k, v in annotations.items()}}}
+        try:
+            self.datastore.patch_raw(kinds.POD, pod.name, patch, pod.namespace)
+        except NotFound:
+            log.info("pod %s/%s is gone; not annotated", pod.namespace, pod.name)
+
+    def _owns(self, pod: PodKey) -> bool:
+        try:
+            raw = self.datastore.get_raw(kinds.POD, pod.name, pod.namespace)
+        except DatastoreError:
+            return False
+        current = (raw["metadata"].get("annotations") or {}).get(ANNOTATION_CONTAINER_ID)
+        return current in (None, pod.container_id)
+
+    def _endpoint_added(self, endpoint: Endpoint) -> None:
+        """ADD waits here: the endpoint is programmed before the pod gets its answer."""
+        self._sync({f"endpoint-added:{endpoint.host_ifname}"})
+
+    def _endpoint_removed(self, endpoint: Endpoint) -> None:
+        self.loop.request(f"endpoint-removed:{endpoint.host_ifname}")
+
+    # -- the dataplane pass -------------------------------------------------------------
+    _sync_lock = threading.Lock()
+
+    def _sync(self, reasons: set[str]) -> None:
+        """Recompute desired state from the caches and apply it (components plug in here)."""
+        with self._sync_lock, self.metrics.dataplane_apply.time():
+            log.debug("dataplane pass", extra={"reasons": sorted(reasons)})
+            if self.bgp is not None:
+                self._sync_bgp(resync="periodic-resync" in reasons)
+            self._write_status()
+
+    def _sync_bgp(self, resync: bool) -> None:
+        assert self.bgp is not None
+        inputs = BGPInputs(
+            config=self._bgp_configuration(),
+            nodes=self._objects("nodes"),
+            peers=[BGPPeer.from_wire(o) for o in self._objects("bgppeers")],
+            affinities=[BlockAffinity.from_wire(o) for o in self._objects("affinities")],
+            pools=[IPPool.from_wire(o) for o in self._objects("pools")],
+            borrowed=self._borrowed(),
+        )
+        status = self.bgp.update(inputs)
+        if resync:
+            status = self.bgp.resync()
+        peers = self.bgp.speaker.status_document()["peers"] if self.bgp.speaker else []
+        up = sum(1 for p in peers if p.get("state") == "up")
+        self.metrics.bgp_peers_up.set(up)
+        self.readiness.set("bgp", up == len(peers), f"{up}/{len(peers)} BGP sessions established")
+        if status.routes.errors:
+            log.warning("BGP route apply reported errors", extra={"errors": status.routes.errors})
+
+    def _bgp_configuration(self) -> BGPConfiguration | None:
+        for raw in self._objects("bgpconfigs"):
+            if raw["metadata"]["name"] == "default":
+                return BGPConfiguration.from_wire(raw)
+        return None
+
+    def _borrowed(self) -> list[tuple[str, str | None]]:
+        """Addresses this node uses from other nodes' blocks: announced as /32s."""
+        me = f"host:{self.config.node_name}"
+        borrowed: list[tuple[str, str | None]] = []
+        for raw in self._objects("blocks"):
+            block = IPAMBlock.from_wire(raw)
+            if block.spec.affinity == me or block.spec.deleted:
+                continue
+            owner = (block.spec.affinity or "").removeprefix("host:") or None
+            for alloc in AllocationBlock.from_spec(block.spec).iter_allocations():
+                if alloc.attrs.get("node") == self.config.node_name:
+                    borrowed.append((str(alloc.ip), owner))
+        return borrowed
+
+    def _publish_node_address(self) -> None:
+        """Put this node's BGP address on its Node object, for its peers to find."""
+        if not self.config.node_ip:
+            return
+        patch = {"metadata": {"annotations": {IPV4_ADDRESS: self.config.node_ip}}}
+        try:
+            self.datastore.patch_raw(kinds.NODE, self.config.node_name, patch)
+        except NotFound:
+            log.warning(
+                "Node %s does not exist; its BGP address is not published", self.config.node_name
+            )
+
+    def status(self) -> dict[str, Any]:
+        """What `tabbyctl endpoints` and `tabbyctl node status` show for this node."""
+        endpoints = self.handlers.endpoints.all() if self.handlers else []
+        return {
+            "node": self.config.node_name,
+            "pid": os.getpid(),
+            "updated": time.time(),
+            "ready": self.readiness.ready(),
+            "conditions": self.readiness.report(),
+            "endpoints": [
+                {
+                    "namespace": e.namespace,
+                    "pod": e.pod,
+                    "interface": e.host_ifname,
+                    "ip": str(e.address),
+                    "container_id": e.container_id,
+                }
+                for e in sorted(endpoints, key=lambda e: (e.namespace or "", e.pod or ""))
+            ],
+        }
+
+    def _write_status(self) -> None:
+        path = self.config.run_dir / "status.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.status(), indent=1))
+        tmp.replace(path)
+
+    # -- shutdown -----------------------------------------------------------------------
+    def stop(self) -> None:
+        """Graceful: stop answering ready, stop taking CNI calls, then stop the rest."""
+        self.readiness.shutting_down = True
+        if self.cni is not None:
+            self.cni.stop()
+        self.loop.stop()
+        if self.bgp is not None:
+            self.bgp.stop()  # leaves learned routes in the kernel: graceful restart
+        for informer in self.informers.values():
+            informer.stop()
+        if self.health is not None:
+            self.health.stop()
+
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, lambda *_: self.stopping.set())
+        signal.signal(signal.SIGINT, lambda *_: self.stopping.set())
+        self.start()
+        self.stopping.wait()
+        log.info("stopping")
+        self.stop()
+        return 0
+
+
+def parse_args(argv: list[str] | None = None) -> AgentConfig:
+    parser = argparse.ArgumentParser(prog="tabby-node", description=__doc__.split("\n")[0])
+    parser.add_argument("--node-name", default=os.environ.get("NODENAME"), required=False)
+    parser.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG", ""))
+    parser.add_argument("--run-dir", default=os.environ.get("TABBY_RUN_DIR", "/run/tabby"))
+    parser.add_argument("--health-port", type=int, default=9099)
+    parser.add_argument("--mtu", type=int, default=1500)
+    parser.add_argument("--resync-interval", type=float, default=60.0)
+    parser.add_argument("--log-level", default="info")
+    parser.add_argument(
+        "--node-ip",
+        default=os.environ.get("TABBY_NODE_IP"),
+        help="This node's address/prefix for BGP, e.g. 172.31.0.11/24",
+    )
+    parser.add_argument("--no-bgp", action="store_true", help="Do not run the BGP speaker")
+    opts = parser.parse_args(argv)
+    if not opts.node_name:
+        parser.error("--node-name (or $NODENAME) is required")
+    if not opts.kubeconfig:
+        parser.error("--kubeconfig (or $KUBECONFIG) is required")
+    return AgentConfig(
+        node_name=opts.node_name,
+        kubeconfig=opts.kubeconfig,
+        run_dir=Path(opts.run_dir),
+        health_port=opts.health_port,
+        mtu=opts.mtu,
+        resync_interval_s=opts.resync_interval,
+        log_level=opts.log_level,
+        node_ip=opts.node_ip,
+        bgp=not opts.no_bgp,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    config = parse_args(argv)
+    logs.configure(config.log_level, node=config.node_name)
+    return Agent(config, Datastore.from_kubeconfig(config.kubeconfig)).run()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

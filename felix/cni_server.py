@@ -1,0 +1,715 @@
+"""The node agent's side of the CNI contract: a unix-socket server and its handlers.
+
+``cni/shim.py`` forwards every CNI call here as one JSON message; this module
+validates it again (with the shim's own validators), runs the handler and
+answers ``{"result": ...}`` or ``{"error": {code, msg, details}}``.
+
+Contract per command:
+
+- **ADD** answers only after, in order: the agent is ready (else code 11), the
+  address is assigned to handle ``<network>.<containerID>`` (idempotent, so a
+  repeated ADD gets the same address), the veth/addresses/routes/sysctls are
+  wired (:mod:`felix.wiring`), the Pod is annotated (``tabby.dev/podIP``,
+  ``tabby.dev/containerID``), the endpoint is in :attr:`CNIHandlers.endpoints`
+  and the ``on_endpoint_added`` hook has returned. The hook is where the policy
+  dataplane plugs in: it should return once the endpoint's chains are
+  programmed, so a pod never sends a packet before its policy exists. Any
+  failure rolls back the host veth and the address (also those of an earlier
+  identical ADD: the runtime follows a failed ADD with DEL anyway).
+- **DEL** never needs the agent to be synced; it removes the veth (inside the
+  pod netns; by host name only if this container still owns it), releases the
+  handle and clears the Pod's podIP annotation. Missing pieces are fine.
+- **CHECK** compares the kernel with what ADD built and names each difference
+  (code 100); an unknown container is code 3.
+- **STATUS** is code 50 until :meth:`CNIHandlers.set_synced` and the allocator
+  says a pool can serve.
+- **GC** releases every handle and endpoint of this network whose container is
+  not in ``cni.dev/attachments``; it carries on past errors and reports them.
+
+Calls for one container id are serialized; different containers run in
+parallel (one thread per connection).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import json
+import logging
+import os
+import signal
+import socket
+import socketserver
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from cni import results
+from cni.shim import (
+    COMMANDS,
+    ERR_CHECK_FAILED,
+    ERR_DECODING,
+    ERR_INTERNAL,
+    ERR_INVALID_ENV,
+    ERR_NOT_AVAILABLE,
+    ERR_TRY_AGAIN_LATER,
+    ERR_UNKNOWN_CONTAINER,
+    MAX_MESSAGE,
+    CNIError,
+    parse_cni_args,
+    validate_config,
+    validate_env,
+    version_result,
+)
+from felix import wiring
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MTU = 1500
+ANNOTATION_POD_IP = "tabby.dev/podIP"
+ANNOTATION_CONTAINER_ID = "tabby.dev/containerID"
+READ_TIMEOUT_S = 30.0
+
+
+class AddressAllocator(Protocol):
+    """What the CNI server needs from IPAM (the real one is ``ipam.IPAMAllocator``).
+
+    ``assign`` must be idempotent per handle: a handle that already holds an
+    address gets that address back (this is what makes a repeated ADD return
+    the same result). ``handles`` must return only the handles of pods on
+    **this node**: GC releases every listed handle the runtime does not name,
+    so another node's handles here would free its live pods' addresses.
+    ``ready`` says whether a pool can serve this node (STATUS, ADD gate).
+    """
+
+    def assign(self, handle_id: str, attrs: Mapping[str, str]) -> ipaddress.IPv4Address: ...
+
+    def release(self, handle_id: str) -> None: ...
+
+    def handles(self) -> set[str]: ...
+
+    def ready(self) -> bool: ...
+
+
+@dataclass(frozen=True)
+class PodKey:
+    """Which Pod (and which of its sandboxes) an annotation update is about."""
+
+    namespace: str
+    name: str
+    uid: str | None
+    container_id: str
+
+
+# (pod, annotations) -> None. On DEL the annotations are {podIP: ""}; the
+# implementation must skip that patch when the Pod's tabby.dev/containerID is
+# not pod.container_id (a late DEL of an old sandbox).
+PodAnnotator = Callable[[PodKey, Mapping[str, str]], None]
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """One wired pod interface, as the dataplane and later CNI calls see it."""
+
+    network: str
+    container_id: str
+    ifname: str
+    netns: str
+    host_ifname: str
+    address: ipaddress.IPv4Address
+    mtu: int
+    namespace: str | None = None
+    pod: str | None = None
+    pod_uid: str | None = None
+
+    @property
+    def handle_id(self) -> str:
+        """The IPAM handle: Calico's ``<network>.<containerID>``."""
+        return f"{self.network}.{self.container_id}"
+
+
+class EndpointTable:
+    """Thread-safe in-memory table of local endpoints, keyed by (container, ifname).
+
+    Host veth names repeat when a pod gets a new sandbox, so the table also
+    records which attachment currently owns each name: the latest ADD wins,
+    and a late DEL of the old sandbox must not delete the new one's veth.
+    """
+
+    def __init__(self) -> None:
+        self._by_key: dict[tuple[str, str], Endpoint] = {}
+        self._owner: dict[str, tuple[str, str]] = {}
+        self._lock = threading.Lock()
+
+    def add(self, endpoint: Endpoint) -> None:
+        """Insert or replace one attachment; it now owns its host veth name."""
+        key = (endpoint.container_id, endpoint.ifname)
+        with self._lock:
+            self._by_key[key] = endpoint
+            self._owner[endpoint.host_ifname] = key
+
+    def remove(self, container_id: str, ifname: str) -> Endpoint | None:
+        """Drop one attachment; returns what was there."""
+        key = (container_id, ifname)
+        with self._lock:
+            endpoint = self._by_key.pop(key, None)
+            if endpoint is not None and self._owner.get(endpoint.host_ifname) == key:
+                del self._owner[endpoint.host_ifname]
+            return endpoint
+
+    def get(self, container_id: str, ifname: str) -> Endpoint | None:
+        """The endpoint of one attachment, if known."""
+        with self._lock:
+            return self._by_key.get((container_id, ifname))
+
+    def owner_of(self, host_ifname: str) -> Endpoint | None:
+        """The attachment that last wired this host veth name, if still present."""
+        with self._lock:
+            key = self._owner.get(host_ifname)
+            return self._by_key.get(key) if key else None
+
+    def owns_host(self, endpoint: Endpoint) -> bool:
+        """Whether *endpoint* (not a newer sandbox of its pod) owns its host veth."""
+        return self.owner_of(endpoint.host_ifname) is endpoint
+
+    def all(self) -> list[Endpoint]:
+        """A snapshot of every endpoint."""
+        with self._lock:
+            return list(self._by_key.values())
+
+
+class KeyedLocks:
+    """One lock per key, dropped when nobody holds or waits for it."""
+
+    def __init__(self) -> None:
+        self._locks: dict[str, tuple[threading.Lock, int]] = {}
+        self._guard = threading.Lock()
+
+    @contextmanager
+    def hold(self, key: str) -> Iterator[None]:
+        """Serialize the block against other holders of *key*."""
+        with self._guard:
+            lock, users = self._locks.get(key, (threading.Lock(), 0))
+            self._locks[key] = (lock, users + 1)
+        try:
+            with lock:
+                yield
+        finally:
+            with self._guard:
+                lock, users = self._locks[key]
+                if users == 1:
+                    del self._locks[key]
+                else:
+                    self._locks[key] = (lock, users - 1)
+
+
+@dataclass(frozen=True)
+class CNIRequest:
+    """A validated call as the agent sees it."""
+
+    command: str
+    env: dict[str, str]
+    args: dict[str, str]
+    config: dict[str, Any]
+
+    @property
+    def container_id(self) -> str:
+        return self.env.get("CNI_CONTAINERID", "")
+
+    @property
+    def ifname(self) -> str:
+        return self.env.get("CNI_IFNAME", "")
+
+    @property
+    def netns(self) -> str:
+        return self.env.get("CNI_NETNS", "")
+
+    @property
+    def network(self) -> str:
+        return str(self.config["name"])
+
+    @property
+    def version(self) -> str:
+        return str(self.config["cniVersion"])
+
+    @property
+    def handle_id(self) -> str:
+        return f"{self.network}.{self.container_id}"
+
+
+def parse_request(message: object) -> CNIRequest:
+    """Re-validate what the shim sent; the socket is root-only but not trusted blindly."""
+    if not isinstance(message, dict):
+        raise CNIError(ERR_DECODING, "request must be a JSON object")
+    command = message.get("command")
+    env = message.get("env")
+    if command not in COMMANDS or not isinstance(env, dict):
+        raise CNIError(ERR_INVALID_ENV, f"request has no valid command/env (command={command!r})")
+    config = validate_config(str(command), message.get("config"))
+    clean_env = validate_env(str(command), {str(k): str(v) for k, v in env.items()})
+    args = parse_cni_args(clean_env.get("CNI_ARGS", ""))
+    return CNIRequest(str(command), clean_env, args, config)
+
+
+def _noop_endpoint(_endpoint: Endpoint) -> None:
+    return None
+
+
+def _noop_annotate(_pod: PodKey, _annotations: Mapping[str, str]) -> None:
+    return None
+
+
+class CNIHandlers:
+    """ADD/DEL/CHECK/STATUS/GC against an allocator, the kernel and injected hooks."""
+
+    def __init__(
+        self,
+        allocator: AddressAllocator,
+        *,
+        annotate: PodAnnotator = _noop_annotate,
+        on_endpoint_added: Callable[[Endpoint], None] = _noop_endpoint,
+        on_endpoint_removed: Callable[[Endpoint], None] = _noop_endpoint,
+        node_netns: str | None = None,
+        default_mtu: int = DEFAULT_MTU,
+    ) -> None:
+        self.allocator = allocator
+        self.annotate = annotate
+        self.on_endpoint_added = on_endpoint_added
+        self.on_endpoint_removed = on_endpoint_removed
+        self.node_netns = node_netns
+        self.default_mtu = default_mtu
+        self.endpoints = EndpointTable()
+        self._locks = KeyedLocks()
+        self._synced = threading.Event()
+
+    # -- readiness ---------------------------------------------------------------
+
+    def set_synced(self, synced: bool = True) -> None:
+        """The agent calls this once its caches and dataplane are in sync."""
+        if synced:
+            self._synced.set()
+        else:
+            self._synced.clear()
+
+    def not_ready_reason(self) -> str | None:
+        """Why ADD cannot be served now, or None."""
+        if not self._synced.is_set():
+            return "tabby agent has not finished its initial sync"
+        try:
+            pool_ok = self.allocator.ready()
+        except Exception as exc:
+            return f"IPAM is not reachable: {exc}"
+        return None if pool_ok else "no IP pool can serve an address on this node"
+
+    # -- dispatch -----------------------------------------------------------------
+
+    def handle(self, request: CNIRequest) -> dict[str, Any] | None:
+        """Run one validated request; CNIError carries the spec code."""
+        if request.command == "VERSION":
+            return version_result(json.dumps(request.config).encode())
+        if request.command == "STATUS":
+            self.status(request)
+            return None
+        if request.command == "GC":
+            self.gc(request)
+            return None
+        with self._locks.hold(request.container_id):
+            if request.command == "ADD":
+                return self.add(request)
+            if request.command == "DEL":
+                self.delete(request)
+            else:
+                self.check(request)
+            return None
+
+    # -- ADD -------------------------------------------------------------------------
+
+    def _endpoint(self, request: CNIRequest, address: ipaddress.IPv4Address) -> Endpoint:
+        namespace = request.args.get("K8S_POD_NAMESPACE") or None
+        pod = request.args.get("K8S_POD_NAME") or None
+        if namespace and pod:
+            host = wiring.host_ifname_for(namespace, pod)
+        else:
+            host = wiring.host_ifname_for_container(request.container_id)
+        return Endpoint(
+            network=request.network,
+            container_id=request.container_id,
+            ifname=request.ifname,
+            netns=request.netns,
+            host_ifname=host,
+            address=address,
+            mtu=int(request.config.get("mtu") or self.default_mtu),
+            namespace=namespace,
+            pod=pod,
+            pod_uid=request.args.get("K8S_POD_UID") or None,
+        )
+
+    def _pod_key(self, ep: Endpoint) -> PodKey | None:
+        if not (ep.namespace and ep.pod):
+            return None
+        return PodKey(ep.namespace, ep.pod, ep.pod_uid, ep.container_id)
+
+    def _attrs(self, request: CNIRequest) -> dict[str, str]:
+        attrs = {"container_id": request.container_id, "ifname": request.ifname}
+        for key, name in (("K8S_POD_NAMESPACE", "namespace"), ("K8S_POD_NAME", "pod")):
+            if request.args.get(key):
+                attrs[name] = request.args[key]
+        return attrs
+
+    def _assign(self, request: CNIRequest) -> ipaddress.IPv4Address:
+        try:
+            return self.allocator.assign(request.handle_id, self._attrs(request))
+        except CNIError:
+            raise
+        except Exception as exc:
+            raise CNIError(
+                ERR_TRY_AGAIN_LATER, f"could not assign an address to {request.handle_id}", str(exc)
+            ) from None
+
+    def _wire(self, ep: Endpoint) -> wiring.Wired:
+        spec = wiring.PodWiring(ep.host_ifname, ep.ifname, ep.netns, ep.address, ep.mtu)
+        try:
+            return wiring.wire(spec, self.node_netns)
+        except wiring.NetnsMissing as exc:
+            raise CNIError(ERR_UNKNOWN_CONTAINER, str(exc)) from None
+        except wiring.WiringError as exc:
+            raise CNIError(ERR_INTERNAL, f"could not wire {ep.ifname}", str(exc)) from None
+
+    def add(self, request: CNIRequest) -> dict[str, Any]:
+        """Assign, wire, annotate, register, wait for the dataplane hook, answer."""
+        reason = self.not_ready_reason()
+        if reason:
+            raise CNIError(ERR_TRY_AGAIN_LATER, reason)
+        started = time.monotonic()
+        address = self._assign(request)
+        ep = self._endpoint(request, address)
+        try:
+            wired = self._wire(ep)
+            key = self._pod_key(ep)
+            if key is not None:
+                self.annotate(
+                    key,
+                    {ANNOTATION_POD_IP: f"{address}/32", ANNOTATION_CONTAINER_ID: ep.container_id},
+                )
+            self.endpoints.add(ep)
+            self.on_endpoint_added(ep)
+        except CNIError:
+            self._rollback(ep)
+            raise
+        except Exception as exc:
+            log.exception("ADD %s failed; rolled back", request.container_id[:12])
+            self._rollback(ep)
+            raise results.internal_error(exc) from exc
+        own = results.add_result(
+            host_ifname=wired.host_ifname,
+            host_mac=wired.host_mac,
+            pod_ifname=wired.pod_ifname,
+            pod_mac=wired.pod_mac,
+            sandbox=ep.netns,
+            address=ipaddress.IPv4Interface(f"{address}/32"),
+            mtu=ep.mtu,
+        )
+        merged = results.merge_prev(request.config.get("prevResult"), own)
+        log.info(
+            "ADD %s %s -> %s on %s in %.0f ms",
+            request.container_id[:12],
+            request.ifname,
+            address,
+            ep.host_ifname,
+            (time.monotonic() - started) * 1000,
+        )
+        return results.convert(merged, request.version)
+
+    def _rollback(self, ep: Endpoint) -> None:
+        """Undo a failed ADD so that nothing leaks (the runtime's DEL may never come).
+
+        Only the host end is deleted (its peer goes with it): the pod's
+        ``ifname`` may be someone else's interface, which is why wiring failed.
+        """
+        self.endpoints.remove(ep.container_id, ep.ifname)
+        owner = self.endpoints.owner_of(ep.host_ifname)
+        try:
+            if owner is None:
+                wiring.unwire(ep.ifname, None, ep.host_ifname, self.node_netns)
+        except Exception:
+            log.exception("rollback: could not unwire %s", ep.host_ifname)
+        try:
+            self.allocator.release(ep.handle_id)
+        except Exception:
+            log.exception("rollback: could not release %s", ep.handle_id)
+
+    # -- DEL -------------------------------------------------------------------------
+
+    def delete(self, request: CNIRequest) -> None:
+        """Tear down whatever is left of the attachment; repeatable."""
+        started = time.monotonic()
+        ep = self.endpoints.get(request.container_id, request.ifname)
+        host = ep.host_ifname if ep is not None and self.endpoints.owns_host(ep) else None
+        try:
+            wiring.unwire(request.ifname, request.netns or None, host, self.node_netns)
+        except Exception as exc:
+            raise CNIError(
+                ERR_TRY_AGAIN_LATER, f"could not unwire {request.ifname}", str(exc)
+            ) from None
+        try:
+            self.allocator.release(request.handle_id)
+        except Exception as exc:
+            raise CNIError(
+                ERR_TRY_AGAIN_LATER, f"could not release {request.handle_id}", str(exc)
+            ) from None
+        self.endpoints.remove(request.container_id, request.ifname)
+        self._clear_annotation(request)
+        if ep is not None:
+            self.on_endpoint_removed(ep)
+        log.info(
+            "DEL %s %s in %.0f ms",
+            request.container_id[:12],
+            request.ifname,
+            (time.monotonic() - started) * 1000,
+        )
+
+    def _clear_annotation(self, request: CNIRequest) -> None:
+        namespace = request.args.get("K8S_POD_NAMESPACE")
+        pod = request.args.get("K8S_POD_NAME")
+        if not (namespace and pod):
+            return
+        key = PodKey(namespace, pod, request.args.get("K8S_POD_UID"), request.container_id)
+        try:
+            self.annotate(key, {ANNOTATION_POD_IP: ""})
+        except Exception:
+            log.warning(
+                "DEL %s: could not clear podIP of %s/%s", request.container_id, namespace, pod
+            )
+
+    # -- CHECK -----------------------------------------------------------------------
+
+    def _expected_address(self, request: CNIRequest) -> ipaddress.IPv4Address:
+        ep = self.endpoints.get(request.container_id, request.ifname)
+        prev = request.config.get("prevResult")
+        prev_addr = results.pod_address(results.normalize(prev), request.ifname) if prev else None
+        if ep is not None:
+            if prev_addr and ipaddress.ip_interface(prev_addr).ip != ep.address:
+                raise CNIError(
+                    ERR_CHECK_FAILED,
+                    f"prevResult gives {request.ifname} {prev_addr}, "
+                    f"the agent assigned {ep.address}",
+                )
+            return ep.address
+        if prev_addr:
+            return ipaddress.IPv4Interface(prev_addr).ip
+        raise CNIError(
+            ERR_UNKNOWN_CONTAINER,
+            f"no attachment {request.container_id}/{request.ifname} on this node",
+        )
+
+    def check(self, request: CNIRequest) -> None:
+        """Verify the kernel still looks as ADD left it; name every difference."""
+        address = self._expected_address(request)
+        ep = self._endpoint(request, address)
+        spec = wiring.PodWiring(ep.host_ifname, ep.ifname, ep.netns, address, ep.mtu)
+        problems = wiring.check(spec, self.node_netns)
+        if problems:
+            raise CNIError(
+                ERR_CHECK_FAILED,
+                f"{request.ifname} of {request.container_id[:12]} is not wired as expected",
+                "; ".join(problems),
+            )
+
+    # -- STATUS / GC -----------------------------------------------------------------
+
+    def status(self, _request: CNIRequest) -> None:
+        """Ready for ADD, or code 50 with the reason."""
+        reason = self.not_ready_reason()
+        if reason:
+            raise CNIError(ERR_NOT_AVAILABLE, reason)
+
+    def _stale(self, network: str, keep: set[str]) -> set[str]:
+        prefix = network + "."
+        stale = {
+            h[len(prefix) :]
+            for h in self.allocator.handles()
+            if h.startswith(prefix) and h[len(prefix) :] not in keep
+        }
+        stale |= {
+            e.container_id
+            for e in self.endpoints.all()
+            if e.network == network and e.container_id not in keep
+        }
+        return stale
+
+    def _collect(self, network: str, container_id: str) -> None:
+        with self._locks.hold(container_id):
+            for ep in self.endpoints.all():
+                if ep.container_id == container_id and ep.network == network:
+                    host = ep.host_ifname if self.endpoints.owns_host(ep) else None
+                    wiring.unwire(ep.ifname, ep.netns, host, self.node_netns)
+                    self.endpoints.remove(ep.container_id, ep.ifname)
+                    self.on_endpoint_removed(ep)
+            self.allocator.release(f"{network}.{container_id}")
+
+    def collect_garbage(self, network: str, live_container_ids: set[str]) -> list[str]:
+        """Release every handle/endpoint of *network* whose container is not live.
+
+        CNI GC calls this with the runtime's attachments; the agent should also
+        call it at start-up with the sandboxes it knows are alive (e.g. from its
+        Pod informer), which is what frees addresses whose DEL found the agent
+        down (the shim lets such a DEL succeed). Returns the errors, if any.
+        """
+        errors = []
+        for container_id in sorted(self._stale(network, live_container_ids)):
+            try:
+                self._collect(network, container_id)
+                log.info("GC released %s.%s", network, container_id)
+            except Exception as exc:
+                errors.append(f"{container_id}: {exc}")
+        return errors
+
+    def gc(self, request: CNIRequest) -> None:
+        """CNI GC: keep what ``cni.dev/attachments`` lists, release the rest."""
+        keep = {a["containerID"] for a in request.config.get("cni.dev/attachments") or []}
+        errors = self.collect_garbage(request.network, keep)
+        if errors:
+            raise CNIError(
+                ERR_INTERNAL, f"GC failed for {len(errors)} attachment(s)", "; ".join(errors)
+            )
+
+
+# --- the socket server ---------------------------------------------------------------
+
+
+def _read_request(conn: socket.socket) -> bytes:
+    conn.settimeout(READ_TIMEOUT_S)
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        chunk = conn.recv(65536)
+        if not chunk:
+            return b"".join(chunks)
+        size += len(chunk)
+        if size > MAX_MESSAGE:
+            raise CNIError(ERR_DECODING, "request is too large")
+        chunks.append(chunk)
+
+
+def answer(handlers: CNIHandlers, raw: bytes) -> dict[str, Any]:
+    """Turn raw request bytes into the answer object (never raises)."""
+    version = "1.1.0"
+    try:
+        try:
+            message = json.loads(raw)
+        except ValueError as exc:
+            raise CNIError(ERR_DECODING, "request is not JSON", str(exc)) from None
+        request = parse_request(message)
+        version = request.version
+        return {"result": handlers.handle(request)}
+    except CNIError as exc:
+        return {"error": exc.to_dict(version)}
+    except Exception as exc:
+        log.exception("CNI request failed")
+        return {"error": results.internal_error(exc).to_dict(version)}
+
+
+class _Handler(socketserver.BaseRequestHandler):
+    server: CNIServer
+
+    def handle(self) -> None:
+        conn: socket.socket = self.request
+        try:
+            raw = _read_request(conn)
+        except (OSError, CNIError) as exc:
+            log.warning("dropping CNI connection: %s", exc)
+            return
+        reply = answer(self.server.handlers, raw)
+        try:
+            conn.sendall(json.dumps(reply).encode())
+        except OSError as exc:
+            log.warning("CNI client went away before the answer: %s", exc)
+
+
+class CNIServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    """Threaded server on a root-only socket (dir 0700, socket 0600)."""
+
+    daemon_threads = True
+    allow_reuse_address = False
+    request_queue_size = 256  # a burst of pod starts must queue, not be refused
+
+    def __init__(self, path: str, handlers: CNIHandlers) -> None:
+        self.handlers = handlers
+        self.path = path
+        _prepare_socket_path(path)
+        super().__init__(path, _Handler)
+        os.chmod(path, 0o600)
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Serve in a background thread."""
+        self._thread = threading.Thread(target=self.serve_forever, name="cni-server", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop serving and remove the socket file."""
+        self.shutdown()
+        self.server_close()
+        if os.path.exists(self.path):
+            os.unlink(self.path)
+
+
+def _prepare_socket_path(path: str) -> None:
+    """Dir 0700 owned by us; a stale socket from a dead agent is replaced."""
+    directory = os.path.dirname(path) or "."
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    os.chmod(directory, 0o700)
+    if os.path.exists(path):
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.connect(path)
+        except OSError:
+            os.unlink(path)
+        else:
+            raise RuntimeError(f"another agent is already serving {path}")
+        finally:
+            probe.close()
+
+
+_MAIN_PID = os.getpid()
+
+
+def _exit_on_signal(signum: int, _frame: object) -> None:
+    """SIGTERM ends the agent; in a forked helper (pyroute2) it must not unwind."""
+    if os.getpid() != _MAIN_PID:
+        os._exit(128 + signum)
+    raise SystemExit(128 + signum)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Standalone agent for tests and the lab: a local pool, no datastore."""
+    from felix.pool_allocator import PoolAllocator
+
+    parser = argparse.ArgumentParser(description="Tabby CNI server with a local address pool")
+    parser.add_argument("--socket", default="/run/tabby/cni.sock")
+    parser.add_argument("--pool", required=True, help="IPv4 CIDR to assign pod addresses from")
+    parser.add_argument("--mtu", type=int, default=DEFAULT_MTU)
+    parser.add_argument("--not-synced", action="store_true", help="start not ready (STATUS 50)")
+    opts = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    handlers = CNIHandlers(PoolAllocator(opts.pool), default_mtu=opts.mtu)
+    handlers.set_synced(not opts.not_synced)
+    server = CNIServer(opts.socket, handlers)
+    signal.signal(signal.SIGTERM, _exit_on_signal)
+    log.info("serving CNI on %s (pool %s)", opts.socket, opts.pool)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+        if os.path.exists(opts.socket):
+            os.unlink(opts.socket)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,473 @@
+"""Pod wiring: the veth pair, addresses, routes and sysctls of one pod (netlink seam).
+
+What a wired pod looks like is a pure value (:class:`PodWiring`); :func:`wire`
+compares it with the kernel and applies only what is missing, so a repeated
+ADD converges instead of failing; :func:`check` reports every difference in
+words; :func:`unwire` removes the pair and tolerates anything already gone.
+
+Layout (Calico's, see research/calico.md §1.4)::
+
+    node netns                                pod netns
+    caliXXXXXXXXXXX  ee:ee:ee:ee:ee:ee  <==>  eth0  <ip>/32
+      proxy_arp=1 forwarding=1                  169.254.1.1 dev eth0 scope link
+      route_localnet=1 proxy_delay=0            default via 169.254.1.1 dev eth0
+    <ip>/32 dev caliX scope link proto 80
+
+All netlink goes through pyroute2 ``IPRoute``. ``node_netns=None`` means the
+namespace this process runs in (the agent runs in the node's namespace); tests
+pass a named namespace instead. Sockets for other namespaces are created by the
+calling thread after ``setns`` into them (and back), so a namespace that does
+not exist is an error and is never created, and no helper process is forked.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import ipaddress
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from typing import Any
+
+from pyroute2 import IPRoute
+from pyroute2 import config as pyroute2_config
+from pyroute2.netlink.exceptions import NetlinkError
+from pyroute2.netns import setns
+
+from felix.constants import HOST_IFACE_PREFIX, HOST_VETH_MAC, POD_GATEWAY, TABBY_POD_ROUTE_PROTO
+
+log = logging.getLogger(__name__)
+
+SCOPE_LINK = 253
+MAIN_TABLE = 254
+RTM_F_FIB_MATCH = 0x2000
+_IFF_UP = 1
+_HOST_SYSCTLS = {
+    "ipv4/conf/{if}/proxy_arp": "1",
+    "ipv4/conf/{if}/forwarding": "1",
+    "ipv4/conf/{if}/route_localnet": "1",
+    "ipv4/neigh/{if}/proxy_delay": "0",
+}
+# Read back through netlink (IFLA_AF_SPEC/AF_INET) by check().
+_HOST_DEVCONF = {"proxy_arp": 1, "forwarding": 1, "route_localnet": 1}
+_setns_lock = threading.Lock()
+
+# pyroute2's IPRoute(netns=...) (not used here, but elsewhere in the agent)
+# opens its socket in a forked child and stops it with SIGTERM. A child that
+# inherits a Python SIGTERM handler which raises unwinds the *copied* request
+# thread's stack and shuts down sockets it shares with the parent, e.g. a CNI
+# connection (seen in tests). Make such children take SIGTERM's default action.
+pyroute2_config.disable_mp_signal = True
+
+
+class WiringError(Exception):
+    """The pod cannot be wired as asked; the message says why in words."""
+
+
+class NetnsMissing(WiringError):
+    """The pod's network namespace does not exist (CNI code 3)."""
+
+
+@dataclass(frozen=True)
+class PodWiring:
+    """The desired wiring of one pod interface."""
+
+    host_ifname: str
+    pod_ifname: str
+    pod_netns: str
+    address: ipaddress.IPv4Address
+    mtu: int = 1500
+
+
+@dataclass(frozen=True)
+class Wired:
+    """What the kernel ended up with; the CNI result is built from it."""
+
+    host_ifname: str
+    host_mac: str
+    pod_ifname: str
+    pod_mac: str
+
+
+def host_ifname_for(namespace: str, pod: str) -> str:
+    """Calico's deterministic name: the agent and the CNI compute it independently."""
+    digest = hashlib.sha1(f"{namespace}.{pod}".encode()).hexdigest()
+    return HOST_IFACE_PREFIX + digest[:11]
+
+
+def host_ifname_for_container(container_id: str) -> str:
+    """Name for callers without Kubernetes pod args (Calico: containerID prefix)."""
+    return HOST_IFACE_PREFIX + container_id[:11]
+
+
+# --- opening namespaces -------------------------------------------------------
+
+
+def _open(netns: str | None) -> Any:
+    """An IPRoute bound to *netns*; the socket is made by this thread inside it.
+
+    pyroute2's own ``IPRoute(netns=...)`` forks a helper per socket (~35 ms in
+    a large agent); entering the namespace with this thread for one
+    ``socket()`` call costs microseconds. A netlink socket stays bound to the
+    namespace it was created in.
+    """
+    if netns is None:
+        return IPRoute()
+    if not os.path.exists(_netns_path(netns)):
+        raise NetnsMissing(f"network namespace {netns} does not exist")
+    try:
+        with _thread_in_netns(netns):
+            sock = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, socket.NETLINK_ROUTE)
+    except FileNotFoundError:
+        raise NetnsMissing(f"network namespace {netns} does not exist") from None
+    return IPRoute(fileno=sock.detach())
+
+
+@contextmanager
+def _ipr(netns: str | None) -> Iterator[Any]:
+    ipr = _open(netns)
+    try:
+        yield ipr
+    finally:
+        ipr.close()
+
+
+def _netns_path(netns: str) -> str:
+    return netns if netns.startswith("/") else f"/var/run/netns/{netns}"
+
+
+@contextmanager
+def _thread_in_netns(netns: str | None) -> Iterator[None]:
+    """Run the block with this thread in *netns* (/proc/sys/net follows the thread)."""
+    if netns is None:
+        yield
+        return
+    with _setns_lock:
+        own = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+        try:
+            target = os.open(_netns_path(netns), os.O_RDONLY)
+            try:
+                setns(target)
+            finally:
+                os.close(target)
+            try:
+                yield
+            finally:
+                setns(own)  # if this fails the thread is unusable: let it raise
+        finally:
+            os.close(own)
+
+
+def write_host_sysctls(ifname: str, node_netns: str | None = None) -> None:
+    """proxy_arp answers the pod's ARP for 169.254.1.1; forwarding lets it route."""
+    with _thread_in_netns(node_netns):
+        for template, value in _HOST_SYSCTLS.items():
+            path = "/proc/sys/net/" + template.format(**{"if": ifname})
+            with open(path, "w") as fh:
+                fh.write(value)
+
+
+# --- small netlink readers ------------------------------------------------------
+
+
+def _link(ipr: Any, ifname: str) -> Any | None:
+    """One link by name (RTM_GETLINK with IFLA_IFNAME; ``get_links(ifname=)`` dumps all)."""
+    try:
+        links = ipr.link("get", ifname=ifname)
+    except NetlinkError as exc:
+        if exc.code in (errno.ENODEV, errno.ENOENT):
+            return None
+        raise
+    return links[0] if links else None
+
+
+def _kind(link: Any) -> str | None:
+    info = link.get_attr("IFLA_LINKINFO")
+    return info.get_attr("IFLA_INFO_KIND") if info is not None else None
+
+
+def _is_up(link: Any) -> bool:
+    return bool(link["flags"] & _IFF_UP)
+
+
+def _devconf(link: Any) -> dict[str, int]:
+    spec = link.get_attr("IFLA_AF_SPEC")
+    inet = spec.get_attr("AF_INET") if spec is not None else None
+    return dict(inet) if inet is not None else {}
+
+
+def _paired(host: Any, pod: Any) -> bool:
+    """True when the two links are the two ends of one veth."""
+    return (
+        _kind(host) == "veth"
+        and _kind(pod) == "veth"
+        and host.get_attr("IFLA_LINK") == pod["index"]
+        and pod.get_attr("IFLA_LINK") == host["index"]
+    )
+
+
+def _v4_addrs(ipr: Any, index: int) -> set[str]:
+    return {
+        f"{a.get_attr('IFA_ADDRESS')}/{a['prefixlen']}" for a in ipr.get_addr(family=2, index=index)
+    }
+
+
+def _exact_route(ipr: Any, address: str, plen: int = 32) -> Any | None:
+    """The FIB entry for exactly ``address/plen``, found by one lookup, not a dump.
+
+    RTM_F_FIB_MATCH makes the kernel return the matching route itself (with
+    its prefix and protocol), so a node with many pods costs the same as one.
+    """
+    try:
+        found = ipr.route("get", dst=address, flags=RTM_F_FIB_MATCH)
+    except NetlinkError as exc:
+        # EINVAL/EACCES: the best match is a blackhole/prohibit route (the node's
+        # own block, installed by BGP), so no exact route exists yet.
+        no_route = (
+            errno.ENETUNREACH,
+            errno.EHOSTUNREACH,
+            errno.ENOENT,
+            errno.ESRCH,
+            errno.EINVAL,
+            errno.EACCES,
+        )
+        if exc.code in no_route:
+            return None
+        raise
+    for route in found:
+        if route["dst_len"] == plen and route.get_attr("RTA_DST") == address:
+            return route
+    return None
+
+
+def _routes_to(ipr: Any, dst: str, plen: int) -> list[Any]:
+    return [
+        r
+        for r in ipr.get_routes(family=2, table=MAIN_TABLE)
+        if r["dst_len"] == plen and (r.get_attr("RTA_DST") or "0.0.0.0") == dst
+    ]
+
+
+# --- wire -------------------------------------------------------------------------
+
+
+def _create_veth(node: Any, spec: PodWiring) -> None:
+    fd = os.open(_netns_path(spec.pod_netns), os.O_RDONLY)
+    try:
+        node.link(
+            "add",
+            ifname=spec.host_ifname,
+            kind="veth",
+            address=HOST_VETH_MAC,
+            mtu=spec.mtu,
+            peer={"ifname": spec.pod_ifname, "net_ns_fd": fd, "mtu": spec.mtu},
+        )
+    finally:
+        os.close(fd)
+
+
+def _ensure_veth(node: Any, pod: Any, spec: PodWiring) -> None:
+    host = _link(node, spec.host_ifname)
+    inner = _link(pod, spec.pod_ifname)
+    if host is not None and inner is not None and _paired(host, inner):
+        return
+    if inner is not None:
+        raise WiringError(
+            f"interface {spec.pod_ifname} already exists in {spec.pod_netns} "
+            f"and is not the peer of {spec.host_ifname}"
+        )
+    if host is not None:
+        log.info("replacing stale host veth %s", spec.host_ifname)
+        node.link("del", index=host["index"])
+    _create_veth(node, spec)
+
+
+def _ensure_host_link(node: Any, spec: PodWiring, node_netns: str | None) -> int:
+    """MAC (retried: the kernel sometimes ignores it), MTU, sysctls, then up."""
+    for _ in range(50):
+        link = _link(node, spec.host_ifname)
+        if link is None:
+            raise WiringError(f"host veth {spec.host_ifname} vanished while wiring")
+        if link.get_attr("IFLA_ADDRESS") == HOST_VETH_MAC:
+            break
+        node.link("set", index=link["index"], address=HOST_VETH_MAC)
+        time.sleep(0.1)
+    else:
+        raise WiringError(f"kernel keeps refusing MAC {HOST_VETH_MAC} on {spec.host_ifname}")
+    if link.get_attr("IFLA_MTU") != spec.mtu:
+        node.link("set", index=link["index"], mtu=spec.mtu)
+    write_host_sysctls(spec.host_ifname, node_netns)
+    if not _is_up(link):
+        node.link("set", index=link["index"], state="up")
+    return int(link["index"])
+
+
+def _ensure_pod_side(pod: Any, spec: PodWiring) -> str:
+    link = _link(pod, spec.pod_ifname)
+    if link is None:
+        raise WiringError(f"{spec.pod_ifname} vanished from {spec.pod_netns} while wiring")
+    index = link["index"]
+    if link.get_attr("IFLA_MTU") != spec.mtu:
+        pod.link("set", index=index, mtu=spec.mtu)
+    if not _is_up(link):
+        pod.link("set", index=index, state="up")
+    want = f"{spec.address}/32"
+    have = _v4_addrs(pod, index)
+    for addr in have - {want}:
+        ip, plen = addr.split("/")
+        pod.addr("del", index=index, address=ip, prefixlen=int(plen))
+    if want not in have:
+        pod.addr("add", index=index, address=str(spec.address), prefixlen=32)
+    pod.route("replace", dst=f"{POD_GATEWAY}/32", oif=index, scope=SCOPE_LINK)
+    pod.route("replace", dst="0.0.0.0/0", gateway=POD_GATEWAY, oif=index)
+    return str(link.get_attr("IFLA_ADDRESS"))
+
+
+def _ensure_host_route(node: Any, spec: PodWiring, host_index: int) -> None:
+    route = _exact_route(node, str(spec.address))
+    if route is not None:
+        oif = route.get_attr("RTA_OIF")
+        if oif != host_index:
+            owner = "Tabby" if route["proto"] == TABBY_POD_ROUTE_PROTO else "someone else"
+            raise WiringError(
+                f"{spec.address}/32 is already routed via ifindex {oif} (by {owner}); "
+                "is the address assigned twice?"
+            )
+    node.route(
+        "replace",
+        dst=f"{spec.address}/32",
+        oif=host_index,
+        scope=SCOPE_LINK,
+        proto=TABBY_POD_ROUTE_PROTO,
+    )
+
+
+def wire(spec: PodWiring, node_netns: str | None = None) -> Wired:
+    """Make the kernel match *spec*; safe to repeat (missing pieces are re-created)."""
+    with _ipr(spec.pod_netns) as pod, _ipr(node_netns) as node:
+        _ensure_veth(node, pod, spec)
+        host_index = _ensure_host_link(node, spec, node_netns)
+        pod_mac = _ensure_pod_side(pod, spec)
+        _ensure_host_route(node, spec, host_index)
+    return Wired(spec.host_ifname, HOST_VETH_MAC, spec.pod_ifname, pod_mac)
+
+
+# --- unwire -----------------------------------------------------------------------
+
+
+def _delete_link(ipr: Any, ifname: str) -> bool:
+    link = _link(ipr, ifname)
+    if link is None or _kind(link) != "veth":
+        return False
+    try:
+        ipr.link("del", index=link["index"])
+    except NetlinkError as exc:
+        if exc.code != errno.ENODEV:
+            raise
+    return True
+
+
+def unwire(
+    pod_ifname: str,
+    pod_netns: str | None,
+    host_ifname: str | None = None,
+    node_netns: str | None = None,
+) -> None:
+    """Remove the pod's veth; everything already gone counts as done.
+
+    The pod side is deleted inside the pod's namespace (Calico does the same),
+    which takes the host end and its route with it. The host end is deleted by
+    name only when the caller knows it still belongs to this container
+    (*host_ifname*): after a pod is re-created its new sandbox reuses the name.
+    """
+    if pod_netns:
+        with suppress(NetnsMissing), _ipr(pod_netns) as pod:
+            _delete_link(pod, pod_ifname)
+    if host_ifname:
+        with _ipr(node_netns) as node:
+            _delete_link(node, host_ifname)
+
+
+# --- check --------------------------------------------------------------------------
+
+
+def _check_host(node: Any, spec: PodWiring) -> tuple[list[str], Any | None]:
+    host = _link(node, spec.host_ifname)
+    if host is None:
+        return [f"host veth {spec.host_ifname} is missing"], None
+    problems = []
+    if _kind(host) != "veth":
+        problems.append(f"{spec.host_ifname} is a {_kind(host)}, not a veth")
+    if host.get_attr("IFLA_ADDRESS") != HOST_VETH_MAC:
+        problems.append(f"{spec.host_ifname} MAC is {host.get_attr('IFLA_ADDRESS')}")
+    if not _is_up(host):
+        problems.append(f"{spec.host_ifname} is down")
+    if host.get_attr("IFLA_MTU") != spec.mtu:
+        problems.append(f"{spec.host_ifname} MTU is {host.get_attr('IFLA_MTU')}, want {spec.mtu}")
+    conf = _devconf(host)
+    for key, want in _HOST_DEVCONF.items():
+        if conf.get(key) != want:
+            problems.append(f"{spec.host_ifname} {key}={conf.get(key)}, want {want}")
+    return problems, host
+
+
+def _check_host_route(node: Any, spec: PodWiring, host_index: int) -> list[str]:
+    route = _exact_route(node, str(spec.address))
+    if (
+        route is not None
+        and route.get_attr("RTA_OIF") == host_index
+        and route["scope"] == SCOPE_LINK
+        and route["proto"] == TABBY_POD_ROUTE_PROTO
+    ):
+        return []
+    return [
+        f"host route {spec.address}/32 dev {spec.host_ifname} scope link "
+        f"proto {TABBY_POD_ROUTE_PROTO} is missing"
+    ]
+
+
+def _check_pod(pod: Any, spec: PodWiring, host: Any | None) -> list[str]:
+    inner = _link(pod, spec.pod_ifname)
+    if inner is None:
+        return [f"{spec.pod_ifname} is missing in {spec.pod_netns}"]
+    problems = []
+    if host is not None and not _paired(host, inner):
+        problems.append(f"{spec.pod_ifname} is not the peer of {spec.host_ifname}")
+    if not _is_up(inner):
+        problems.append(f"{spec.pod_ifname} is down")
+    if inner.get_attr("IFLA_MTU") != spec.mtu:
+        problems.append(f"{spec.pod_ifname} MTU is {inner.get_attr('IFLA_MTU')}, want {spec.mtu}")
+    index = inner["index"]
+    if f"{spec.address}/32" not in _v4_addrs(pod, index):
+        problems.append(f"{spec.pod_ifname} lacks address {spec.address}/32")
+    gw = [r for r in _routes_to(pod, POD_GATEWAY, 32) if r.get_attr("RTA_OIF") == index]
+    if not any(r["scope"] == SCOPE_LINK for r in gw):
+        problems.append(f"pod route {POD_GATEWAY} dev {spec.pod_ifname} scope link is missing")
+    default = [
+        r
+        for r in _routes_to(pod, "0.0.0.0", 0)
+        if r.get_attr("RTA_GATEWAY") == POD_GATEWAY and r.get_attr("RTA_OIF") == index
+    ]
+    if not default:
+        problems.append(f"pod default route via {POD_GATEWAY} dev {spec.pod_ifname} is missing")
+    return problems
+
+
+def check(spec: PodWiring, node_netns: str | None = None) -> list[str]:
+    """Every way the kernel differs from *spec*, in words; empty means wired."""
+    with _ipr(node_netns) as node:
+        problems, host = _check_host(node, spec)
+        if host is not None:
+            problems += _check_host_route(node, spec, host["index"])
+    try:
+        with _ipr(spec.pod_netns) as pod:
+            problems += _check_pod(pod, spec, host)
+    except NetnsMissing:
+        problems.append(f"network namespace {spec.pod_netns} does not exist")
+    return problems

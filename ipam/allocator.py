@@ -1,0 +1,775 @@
+"""The IPAM allocator of one node: pure block logic plus compare-and-swap I/O.
+
+Order of work in `auto_assign` (Calico's AutoAssign):
+1. this node's affine blocks (cached locally with their resourceVersion, so an
+   uncontended allocation costs one handle write and one block write);
+2. claim a new block (pending affinity -> block -> confirmed affinity; a crash
+   between any two steps is finished by the next allocator of this node);
+3. borrow single addresses from other nodes' blocks, unless strictAffinity.
+
+Every write is a CAS on resourceVersion: a lost race re-reads that one object and
+retries, a bounded number of times. The handle is counted up *before* the block
+write and counted back if the write fails, so a crash can leave a handle counting
+too much (harmless: release by handle frees what the blocks hold) but never an
+allocation without a handle. An IPAMError leaves the datastore as it was.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from ipaddress import IPv4Address, IPv4Network
+from typing import Concatenate, ParamSpec, TypeVar
+
+from datastore import kinds
+from datastore.client import Datastore
+from datastore.errors import AlreadyExists, Conflict, NotFound
+from datastore.models import (
+    BlockAffinity,
+    BlockAffinitySpec,
+    IPAMBlock,
+    IPAMConfig,
+    IPAMConfigSpec,
+    IPAMHandle,
+    IPAMHandleSpec,
+    IPPool,
+    Meta,
+)
+from ipam.block import AllocationBlock, host_affinity
+from ipam.errors import (
+    ConcurrencyExhausted,
+    HandleNotFound,
+    IPAMError,
+    PoolExhausted,
+    PoolNotFound,
+)
+from ipam.pools import (
+    affinity_name,
+    block_cidrs,
+    block_count,
+    block_of,
+    cidr_name,
+    handle_name,
+    node_seed,
+    pool_containing,
+    pool_network,
+    select_pools,
+    tunnel_handle_id,
+)
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+P = ParamSpec("P")
+
+DEFAULT_MAX_BLOCKS = 20
+CAS_RETRIES = 16
+CLAIM_TIME_ANNOTATION = "tabby.dev/claim-time"
+CRASH_ENV = "TABBY_IPAM_CRASH_AT"
+"""Test hook: the name of a claim step at which the process exits (crash tests)."""
+
+CLAIM_STEPS = ("affinity-pending", "block-created", "affinity-confirmed")
+TUNNEL_TYPES = {"ipip": "ipipTunnelAddress", "vxlan": "vxlanTunnelAddress"}
+
+
+class _ClaimLost(Exception):
+    """Another node owns the block we tried to claim; try the next CIDR."""
+
+
+class _BlockGone(ConcurrencyExhausted):
+    """The block was deleted under us (GC): callers skip it; if it escapes, retry later."""
+
+
+@dataclass(frozen=True)
+class ReleaseResult:
+    """What a release did: freed addresses, and those it skipped and why."""
+
+    released: list[IPv4Address]
+    not_allocated: list[IPv4Address]
+    stale: list[IPv4Address]  # sequence number did not match: reassigned since
+
+
+def _locked(
+    method: Callable[Concatenate[IPAMAllocator, P], T],
+) -> Callable[Concatenate[IPAMAllocator, P], T]:
+    """Serialise public calls: the block cache is shared state (Calico's host-wide lock)."""
+
+    @functools.wraps(method)
+    def wrapper(self: IPAMAllocator, *args: P.args, **kwargs: P.kwargs) -> T:
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    return wrapper
+
+
+def now_iso() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _checkpoint(step: str) -> None:
+    """Crash-test hook: exit abruptly at the claim step named in $TABBY_IPAM_CRASH_AT."""
+    if os.environ.get(CRASH_ENV) == step:
+        os._exit(86)
+
+
+class IPAMAllocator:
+    """Allocates and releases addresses on behalf of one node."""
+
+    def __init__(
+        self,
+        datastore: Datastore,
+        node: str,
+        *,
+        node_labels: Mapping[str, str] | None = None,
+        config_ttl: float = 5.0,
+        retries: int = CAS_RETRIES,
+    ) -> None:
+        self.ds = datastore
+        self.node = node
+        self.retries = retries
+        self.config_ttl = config_ttl
+        self._fixed_labels = dict(node_labels) if node_labels is not None else None
+        self._labels: dict[str, str] = {}
+        self._pools: list[IPPool] = []
+        self._config = IPAMConfigSpec()
+        self._config_read_at = -1e18
+        self._affine: dict[str, IPAMBlock] | None = None  # block name -> last seen
+        self._lock = threading.RLock()
+
+    # -- configuration, read with a TTL so allocations don't re-read it --------------
+    @_locked
+    def refresh(self) -> None:
+        """Re-read pools, IPAMConfig, node labels and this node's blocks now."""
+        self._config_read_at = -1e18
+        self._affine = None
+        self._load()
+
+    def _load(self) -> None:
+        if time.monotonic() - self._config_read_at >= self.config_ttl:
+            self._pools = self.ds.list(IPPool)
+            config = self.ds.try_get(IPAMConfig, "default")
+            self._config = config.spec if config else IPAMConfigSpec()
+            self._labels = self._read_labels()
+            self._config_read_at = time.monotonic()
+        if self._affine is None:
+            self._repair_claims()
+            self._reload_affine()
+
+    def _read_labels(self) -> dict[str, str]:
+        if self._fixed_labels is not None:
+            return self._fixed_labels
+        try:
+            body = self.ds.get_raw(kinds.NODE, self.node)
+        except NotFound:
+            return {}
+        labels: dict[str, str] = body.get("metadata", {}).get("labels") or {}
+        return labels
+
+    @property
+    def max_blocks(self) -> int:
+        return self._config.max_blocks_per_host or DEFAULT_MAX_BLOCKS
+
+    def _reload_affine(self) -> list[IPAMBlock]:
+        """Cache this node's blocks; return every live block (for claim and borrow)."""
+        live = [b for b in self.ds.list(IPAMBlock) if not b.spec.deleted]
+        mine = host_affinity(self.node)
+        self._affine = {b.name: b for b in live if b.spec.affinity == mine}
+        return live
+
+    # -- public API ------------------------------------------------------------------
+    @_locked
+    def auto_assign(
+        self,
+        handle_id: str,
+        attrs: Mapping[str, str] | None = None,
+        num: int = 1,
+        *,
+        pools: Sequence[str] | None = None,
+    ) -> list[IPv4Address]:
+        """Allocate num addresses under handle_id; all or nothing.
+
+        attrs are stored with each address (`node` is added: it tells borrowed
+        addresses apart); `pools` restricts the choice to the named pools.
+        """
+        if num < 1:
+            raise ValueError("num must be at least 1")
+        self._load()
+        usable = select_pools(self._pools, self._labels, pools)
+        if not usable:
+            raise PoolExhausted(self._no_pool_message(pools))
+        attrs = {"node": self.node, **(attrs or {})}
+        got: list[IPv4Address] = []
+        try:
+            got += self._from_affine(usable, handle_id, attrs, num)
+            while len(got) < num and self._may_claim():
+                block = self._claim_in(usable)
+                if block is None:
+                    break
+                with contextlib.suppress(_BlockGone):
+                    got += self._assign_from(block.name, handle_id, attrs, num - len(got))
+            if len(got) < num and not self._config.strict_affinity:
+                got += self._borrow(usable, handle_id, attrs, num - len(got))
+            if len(got) < num:
+                raise PoolExhausted(self._exhausted_message(usable, num))
+        except BaseException:
+            self._rollback(got)
+            raise
+        return got
+
+    @_locked
+    def assign_ip(
+        self, ip: IPv4Address | str, handle_id: str, attrs: Mapping[str, str] | None = None
+    ) -> IPv4Address:
+        """Allocate one specific address (claiming its block for this node if unclaimed)."""
+        address = IPv4Address(ip)
+        self._load()
+        pool = pool_containing(address, self._pools)
+        if pool is None:
+            raise PoolNotFound(f"{address} is not in any IP pool")
+        if pool.spec.disabled:
+            raise PoolExhausted(f"{address} is in pool {pool.name}, which is disabled")
+        cidr = block_of(address, pool)
+        name = cidr_name(cidr)
+        if self.ds.try_get(IPAMBlock, name) is None:
+            # if another node claims it first, the address is simply borrowed from it
+            with contextlib.suppress(_ClaimLost):
+                self._claim_cidr(cidr)
+        attrs = {"node": self.node, **(attrs or {})}
+        self._handle_add(handle_id, str(cidr), 1)
+        try:
+            self._update_block(name, lambda b: b.assign(address, handle_id, attrs))
+        except BaseException:
+            self._handle_add(handle_id, str(cidr), -1)
+            raise
+        return address
+
+    @_locked
+    def release_by_handle(self, handle_id: str, *, missing_ok: bool = True) -> list[IPv4Address]:
+        """Free every address of a handle; a second call is a no-op (CNI DEL retries)."""
+        handle = self._get_handle(handle_id)
+        if handle is None:
+            if missing_ok:
+                return []
+            raise HandleNotFound(f"no allocation has handle {handle_id!r}")
+        released: list[IPv4Address] = []
+        per_block: dict[str, int] = {}
+        for cidr in sorted(handle.spec.block):
+            name = cidr_name(cidr)
+            try:
+                freed, orphan_empty = self._update_block(
+                    name, lambda b: (_release_handle(b, handle_id), _orphan_empty(b))
+                )
+            except _BlockGone:
+                continue
+            released += freed
+            per_block[cidr] = len(freed)
+            if orphan_empty:
+                self._delete_if_orphan_empty(name)
+        self._drop_handle(handle, per_block)
+        return released
+
+    @_locked
+    def release_ips(
+        self,
+        ips: Sequence[IPv4Address | str],
+        sequence_numbers: Mapping[IPv4Address, int] | None = None,
+    ) -> ReleaseResult:
+        """Free specific addresses; with sequence numbers, skip any reassigned since."""
+        wanted = [IPv4Address(ip) for ip in ips]
+        blocks = [b for b in self.ds.list(IPAMBlock) if not b.spec.deleted]
+        released: list[IPv4Address] = []
+        not_allocated: list[IPv4Address] = []
+        stale: list[IPv4Address] = []
+        by_block: dict[str, list[IPv4Address]] = {}
+        for address in wanted:
+            block = next((b for b in blocks if address in IPv4Network(b.spec.cidr)), None)
+            if block is None:
+                not_allocated.append(address)
+            else:
+                by_block.setdefault(block.name, []).append(address)
+        for name, addresses in by_block.items():
+            outcome = self._release_in_block(name, addresses, sequence_numbers or {})
+            released += outcome.released
+            not_allocated += outcome.not_allocated
+            stale += outcome.stale
+        return ReleaseResult(released, not_allocated, stale)
+
+    @_locked
+    def tunnel_address(self, kind: str = "ipip") -> IPv4Address:
+        """This node's tunnel address (one per node and kind), allocated on first use.
+
+        Like Calico's reconciler: an address whose pool is gone, disabled or no longer
+        asks for this encapsulation is released and a new one allocated.
+        """
+        handle_id = tunnel_handle_id(kind, self.node)
+        self._load()
+        eligible = [p for p in self._pools if _encap(p, kind) and not p.spec.disabled]
+        existing = self.addresses_of(handle_id)
+        if existing and pool_containing(existing[0], eligible) is not None:
+            return existing[0]
+        if existing:
+            log.info("ipam: %s tunnel address %s left its pool; reallocating", kind, existing[0])
+            self.release_by_handle(handle_id)
+        wanted = [p.name for p in eligible]
+        if not wanted:
+            raise PoolNotFound(
+                f"no enabled IP pool has {kind}Mode Always or CrossSubnet: "
+                f"set {kind}Mode on a pool to give node {self.node} a tunnel address"
+            )
+        attrs = {"node": self.node, "type": TUNNEL_TYPES[kind]}
+        return self.auto_assign(handle_id, attrs, 1, pools=wanted)[0]
+
+    @_locked
+    def addresses_of(self, handle_id: str) -> list[IPv4Address]:
+        """Addresses currently held by a handle (read from its blocks)."""
+        handle = self._get_handle(handle_id)
+        if handle is None:
+            return []
+        out: list[IPv4Address] = []
+        for cidr in sorted(handle.spec.block):
+            model = self.ds.try_get(IPAMBlock, cidr_name(cidr))
+            if model is not None:
+                block = AllocationBlock.from_spec(model.spec)
+                out += [a.ip for a in block.iter_allocations() if a.handle_id == handle_id]
+        return out
+
+    @_locked
+    def node_handles(self) -> set[str]:
+        """Handle ids holding addresses allocated by this node (its own or borrowed).
+
+        For CNI GC: a node may only collect its own pods' handles, never the cluster's.
+        """
+        out: set[str] = set()
+        for model in self.ds.list(IPAMBlock):
+            for alloc in AllocationBlock.from_spec(model.spec).iter_allocations():
+                if alloc.handle_id and alloc.attrs.get("node") == self.node:
+                    out.add(alloc.handle_id)
+        return out
+
+    @_locked
+    def affine_blocks(self) -> list[IPv4Network]:
+        """CIDRs of the blocks this node owns (what it announces over BGP)."""
+        self._load()
+        assert self._affine is not None
+        return sorted(IPv4Network(b.spec.cidr) for b in self._affine.values())
+
+    # -- step 1: affine blocks ---------------------------------------------------------
+    def _from_affine(
+        self, usable: list[IPPool], handle_id: str, attrs: dict[str, str], num: int
+    ) -> list[IPv4Address]:
+        got: list[IPv4Address] = []
+        assert self._affine is not None
+        for name, model in sorted(self._affine.items()):
+            if len(got) >= num:
+                break
+            if model.spec.deleted or not _in_pools(model.spec.cidr, usable):
+                continue
+            if not model.spec.unallocated:
+                continue
+            try:
+                got += self._assign_from(name, handle_id, attrs, num - len(got))
+            except _BlockGone:
+                continue
+        return got
+
+    def _assign_from(
+        self, name: str, handle_id: str, attrs: dict[str, str], num: int
+    ) -> list[IPv4Address]:
+        """Take up to num from one block; the handle is counted first, fixed up after."""
+        cached = self._cached(name)
+        cidr = cached.spec.cidr if cached else _cidr_from_name(name)
+        self._handle_add(handle_id, cidr, num)
+        got: list[IPv4Address] = []
+        try:
+            got = self._update_block(name, lambda b: b.auto_assign(num, handle_id, attrs))
+        finally:
+            if len(got) < num:
+                self._handle_add(handle_id, cidr, len(got) - num)
+        return got
+
+    # -- step 2: claiming --------------------------------------------------------------
+    def _may_claim(self) -> bool:
+        assert self._affine is not None
+        return self._config.auto_allocate_blocks and len(self._affine) < self.max_blocks
+
+    def _claim_in(self, usable: list[IPPool]) -> IPAMBlock | None:
+        """Claim the first free block CIDR (node-seeded order) of the usable pools."""
+        live = self._reload_affine()
+        assert self._affine is not None
+        if len(self._affine) >= self.max_blocks:
+            return None
+        for model in self._affine.values():  # another process of ours claimed one
+            if model.spec.unallocated and _in_pools(model.spec.cidr, usable):
+                return model
+        taken = {b.spec.cidr for b in live}
+        for pool in usable:
+            for cidr in block_cidrs(pool, self.node):
+                if str(cidr) in taken:
+                    continue
+                try:
+                    return self._claim_cidr(cidr)
+                except _ClaimLost:
+                    continue
+        return None
+
+    def _claim_cidr(self, cidr: IPv4Network) -> IPAMBlock:
+        """Two-phase claim; also the repair path for an interrupted earlier claim."""
+        affinity = self._pending_affinity(cidr)
+        _checkpoint("affinity-pending")
+        block = self._create_block(cidr, affinity)
+        _checkpoint("block-created")
+        self._confirm(affinity)
+        _checkpoint("affinity-confirmed")
+        assert self._affine is not None
+        self._affine[block.name] = block
+        return block
+
+    def _pending_affinity(self, cidr: IPv4Network) -> BlockAffinity:
+        name = affinity_name(self.node, cidr)
+        wanted = BlockAffinity(
+            metadata=Meta(name=name, annotations={CLAIM_TIME_ANNOTATION: now_iso()}),
+            spec=BlockAffinitySpec(cidr=str(cidr), node=self.node, state="pending"),
+        )
+        try:
+            return self.ds.create(wanted)
+        except AlreadyExists:
+            return self.ds.get(BlockAffinity, name)  # resume an interrupted claim
+
+    def _create_block(self, cidr: IPv4Network, affinity: BlockAffinity) -> IPAMBlock:
+        block = AllocationBlock.new(cidr, host_affinity(self.node), now_iso())
+        model = IPAMBlock(metadata=Meta(name=cidr_name(cidr)), spec=block.to_spec())
+        try:
+            return self.ds.create(model)
+        except AlreadyExists:
+            existing = self.ds.get(IPAMBlock, model.name)
+        if existing.spec.affinity == host_affinity(self.node) and not existing.spec.deleted:
+            return existing
+        self._delete_quietly(affinity)
+        raise _ClaimLost(f"block {cidr} belongs to {existing.spec.affinity}")
+
+    def _confirm(self, affinity: BlockAffinity) -> None:
+        """pending -> confirmed: one CAS write on the copy we hold, re-read only on conflict."""
+        if affinity.spec.state == "confirmed":
+            return
+        wanted = affinity.model_copy(deep=True)
+        wanted.spec.state = "confirmed"
+        try:
+            self.ds.update(wanted)
+            return
+        except Conflict:
+            pass
+
+        def confirm(current: BlockAffinity) -> BlockAffinity | None:
+            if current.spec.state == "confirmed":
+                return None
+            current.spec.state = "confirmed"
+            return current
+
+        self._cas(lambda: self.ds.mutate(BlockAffinity, affinity.name, confirm))
+
+    def _repair_claims(self) -> None:
+        """Finish claims a crashed allocator of this node left half done.
+
+        pending + our block exists -> confirm; pending or confirmed without a block ->
+        create it (or give the affinity up if its pool is gone); block owned by
+        another node -> delete our affinity.
+        """
+        blocks = {b.spec.cidr: b for b in self.ds.list(IPAMBlock) if not b.spec.deleted}
+        mine = host_affinity(self.node)
+        for affinity in self.ds.list(BlockAffinity):
+            spec = affinity.spec
+            if spec.node != self.node or spec.deleted or spec.state == "pendingDeletion":
+                continue
+            block = blocks.get(spec.cidr)
+            if spec.state == "confirmed" and block and block.spec.affinity == mine:
+                continue  # the normal case
+            cidr = IPv4Network(spec.cidr)
+            if block is None and pool_containing(cidr, self._pools) is None:
+                self._delete_quietly(affinity)  # its pool is gone: abandon the claim
+                continue
+            try:
+                self._create_block(cidr, affinity)
+                self._confirm(affinity)
+                log.info("ipam: node %s repaired its claim of %s", self.node, cidr)
+            except _ClaimLost:
+                log.info("ipam: node %s dropped its stale affinity for %s", self.node, cidr)
+
+    # -- step 3: borrowing ---------------------------------------------------------------
+    def _borrow(
+        self, usable: list[IPPool], handle_id: str, attrs: dict[str, str], num: int
+    ) -> list[IPv4Address]:
+        """Single addresses from other nodes' blocks, in this node's seeded order."""
+        live = self._reload_affine()
+        mine = host_affinity(self.node)
+        got: list[IPv4Address] = []
+        for pool in usable:
+            for model in self._borrow_order(pool, live):
+                if len(got) >= num:
+                    return got
+                if model.spec.affinity == mine or not model.spec.unallocated:
+                    continue
+                try:
+                    got += self._assign_from(model.name, handle_id, attrs, num - len(got))
+                except _BlockGone:
+                    continue
+        return got
+
+    def _borrow_order(self, pool: IPPool, live: list[IPAMBlock]) -> list[IPAMBlock]:
+        network = pool_network(pool)
+        step = 2 ** (32 - pool.spec.block_size)
+        count = block_count(pool)
+        start = node_seed(self.node) % count
+        inside = [b for b in live if IPv4Network(b.spec.cidr).subnet_of(network)]
+
+        def rank(block: IPAMBlock) -> int:
+            index = (int(IPv4Network(block.spec.cidr).network_address) - int(network[0])) // step
+            return (index - start) % count
+
+        return sorted(inside, key=rank)
+
+    # -- block writes ----------------------------------------------------------------------
+    def _cached(self, name: str) -> IPAMBlock | None:
+        return (self._affine or {}).get(name)
+
+    def _update_block(self, name: str, change: Callable[[AllocationBlock], T]) -> T:
+        """Apply change to a copy of the block and CAS it back; re-read on conflict.
+
+        The cached copy is only trusted for writes (a CAS catches staleness): when
+        the change finds nothing to do, or refuses, on a cached copy, that answer
+        is checked against a fresh read before it is believed.
+        """
+        model = self._cached(name)
+        for _ in range(self.retries):
+            fresh = model is None
+            if model is None:
+                model = self._read_block(name)
+            block = AllocationBlock.from_spec(model.spec)
+            try:
+                result = change(block)
+            except IPAMError:
+                if fresh:
+                    raise
+                model = None
+                continue
+            if block.sequence_number == model.spec.sequence_number:
+                if not fresh:
+                    model = None
+                    continue
+                return result  # nothing to change: no write
+            wanted = IPAMBlock(metadata=_lean(model.metadata), spec=block.to_spec())
+            try:
+                stored = self.ds.update(wanted)
+            except Conflict:
+                model = None
+                continue
+            except NotFound:
+                self._forget(name)
+                raise _BlockGone(name) from None
+            self._remember(stored)
+            return result
+        raise ConcurrencyExhausted(
+            f"block {name}: still conflicting after {self.retries} attempts; retry later"
+        )
+
+    def _read_block(self, name: str) -> IPAMBlock:
+        model = self.ds.try_get(IPAMBlock, name)
+        if model is None or model.spec.deleted:
+            self._forget(name)
+            raise _BlockGone(name)
+        self._remember(model)
+        return model
+
+    def _remember(self, model: IPAMBlock) -> None:
+        if self._affine is None:
+            return
+        if model.spec.affinity == host_affinity(self.node) and not model.spec.deleted:
+            self._affine[model.name] = model
+        else:
+            self._affine.pop(model.name, None)
+
+    def _forget(self, name: str) -> None:
+        if self._affine is not None:
+            self._affine.pop(name, None)
+
+    def _release_in_block(
+        self, name: str, addresses: list[IPv4Address], seqs: Mapping[IPv4Address, int]
+    ) -> ReleaseResult:
+        outcome: dict[str, list[IPv4Address]] = {}
+
+        orphan_empty = [False]
+
+        def change(block: AllocationBlock) -> dict[str | None, int]:
+            outcome.clear()
+            outcome.update(released=[], not_allocated=[], stale=[])
+            handles: dict[str | None, int] = {}
+            for address in addresses:
+                current = block.allocation(address)
+                if current is None:
+                    outcome["not_allocated"].append(address)
+                elif address in seqs and seqs[address] != current.sequence_number:
+                    outcome["stale"].append(address)
+                else:
+                    for handle, n in block.release([address]).items():
+                        handles[handle] = handles.get(handle, 0) + n
+                    outcome["released"].append(address)
+            orphan_empty[0] = _orphan_empty(block)
+            return handles
+
+        try:
+            handles = self._update_block(name, change)
+        except _BlockGone:
+            return ReleaseResult([], list(addresses), [])
+        cidr = _cidr_from_name(name)
+        for handle, count in handles.items():
+            if handle:
+                self._handle_add(handle, cidr, -count)
+        if orphan_empty[0]:
+            self._delete_if_orphan_empty(name)
+        return ReleaseResult(outcome["released"], outcome["not_allocated"], outcome["stale"])
+
+    def _delete_if_orphan_empty(self, name: str) -> None:
+        """A block with no affinity is deleted as soon as it is empty (Calico does too)."""
+        model = self.ds.try_get(IPAMBlock, name)
+        spec = model.spec if model else None
+        if model and spec and not spec.affinity and len(spec.unallocated) == len(spec.allocations):
+            self._delete_quietly(model)
+
+    def _rollback(self, got: list[IPv4Address]) -> None:
+        """Best effort: give back a partial allocation before reporting the failure."""
+        if not got:
+            return
+        log.info("ipam: rolling back %d partial allocations", len(got))
+        try:
+            self.release_ips(got)
+        except Exception:
+            log.exception("ipam: rollback of %s failed; `tabbyctl ipam check` will see it", got)
+
+    # -- handles ---------------------------------------------------------------------------
+    def _get_handle(self, handle_id: str) -> IPAMHandle | None:
+        handle = self.ds.try_get(IPAMHandle, handle_name(handle_id))
+        if handle is None or handle.spec.deleted:
+            return None
+        if handle.spec.handle_id != handle_id:
+            raise IPAMError(
+                f"handle object {handle.name} holds id {handle.spec.handle_id!r}, "
+                f"not {handle_id!r}: the names collide"
+            )
+        return handle
+
+    def _handle_add(self, handle_id: str, cidr: str, delta: int) -> None:
+        """Count delta addresses of handle_id in block cidr (create / delete as needed)."""
+        if delta == 0:
+            return
+        name = handle_name(handle_id)
+        if delta > 0:
+            fresh = IPAMHandle(
+                metadata=Meta(name=name),
+                spec=IPAMHandleSpec(handleID=handle_id, block={cidr: delta}),
+            )
+            try:
+                self.ds.create(fresh)
+                return
+            except AlreadyExists:
+                pass
+
+        def change(handle: IPAMHandle) -> IPAMHandle | None:
+            if handle.spec.handle_id != handle_id:
+                raise IPAMError(f"handle object {name} belongs to {handle.spec.handle_id!r}")
+            count = handle.spec.block.get(cidr, 0) + delta
+            if count > 0:
+                handle.spec.block[cidr] = count
+            else:
+                handle.spec.block.pop(cidr, None)
+            return handle
+
+        try:
+            updated = self._cas(lambda: self.ds.mutate(IPAMHandle, name, change))
+        except NotFound:
+            if delta > 0:  # deleted between our create and read: start again
+                self._handle_add(handle_id, cidr, delta)
+            return
+        if updated is not None and not updated.spec.block:
+            self._delete_quietly(updated)
+
+    def _drop_handle(self, handle: IPAMHandle, released: dict[str, int]) -> None:
+        """Delete the handle as read; if it changed meanwhile, subtract what was freed."""
+        try:
+            self.ds.delete(handle)
+            return
+        except NotFound:
+            return
+        except Conflict:
+            pass  # an allocation under the same id raced us: keep what it added
+        for cidr, count in released.items():
+            self._handle_add(handle.spec.handle_id, cidr, -count)
+
+    # -- helpers -----------------------------------------------------------------------------
+    def _cas(self, fn: Callable[[], T]) -> T:
+        try:
+            return fn()
+        except Conflict as exc:
+            raise ConcurrencyExhausted(f"{exc}; retry later") from None
+
+    def _delete_quietly(self, obj: BlockAffinity | IPAMBlock | IPAMHandle) -> None:
+        """Delete if unchanged since read; someone else's newer write wins."""
+        with contextlib.suppress(NotFound, Conflict):
+            self.ds.delete(obj)
+
+    def _no_pool_message(self, names: Sequence[str] | None) -> str:
+        wanted = f"pools {', '.join(names)}" if names else "any IP pool"
+        return (
+            f"node {self.node} may not use {wanted}: every candidate is disabled or its "
+            "nodeSelector does not match the node's labels"
+        )
+
+    def _exhausted_message(self, usable: list[IPPool], num: int) -> str:
+        names = ", ".join(f"{p.name} ({p.spec.cidr})" for p in usable)
+        message = f"no free address in pools {names} for {num} address(es) on node {self.node}"
+        if self._config.strict_affinity:
+            message += "; strictAffinity forbids borrowing from other nodes' blocks"
+        assert self._affine is not None
+        if len(self._affine) >= self.max_blocks:
+            message += f"; node holds the maximum of {self.max_blocks} blocks"
+        return message
+
+
+def _lean(meta: Meta) -> Meta:
+    """Metadata without managedFields: the apiserver keeps its own, and the body shrinks."""
+    lean = meta.model_copy()
+    if lean.model_extra:
+        lean.__pydantic_extra__ = {
+            k: v for k, v in lean.model_extra.items() if k != "managedFields"
+        }
+    return lean
+
+
+def _release_handle(block: AllocationBlock, handle_id: str) -> list[IPv4Address]:
+    ips = [a.ip for a in block.iter_allocations() if a.handle_id == handle_id]
+    block.release_handle(handle_id)
+    return ips
+
+
+def _orphan_empty(block: AllocationBlock) -> bool:
+    return not block.affinity and block.is_empty
+
+
+def _in_pools(cidr: str, pools: list[IPPool]) -> bool:
+    return pool_containing(IPv4Network(cidr), pools) is not None
+
+
+def _encap(pool: IPPool, kind: str) -> bool:
+    mode = pool.spec.ipip_mode if kind == "ipip" else pool.spec.vxlan_mode
+    return mode != "Never"
+
+
+def _cidr_from_name(name: str) -> str:
+    """'10-244-1-0-26' -> '10.244.1.0/26' (inverse of cidr_name for IPv4)."""
+    parts = name.split("-")
+    return f"{'.'.join(parts[:4])}/{parts[4]}"

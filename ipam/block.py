@@ -1,0 +1,309 @@
+"""Pure allocation logic for one IPAM block (the IPAMBlock spec shape, no I/O).
+
+The block mirrors Calico's: `allocations[ordinal]` is None (free) or an index into
+`attributes`; `unallocated` is a FIFO of free ordinals (allocate from the head,
+freed ordinals go to the tail so the longest-free address is reused first);
+`sequence_number` is bumped on every change and `seq_for_allocation[ordinal]`
+remembers the number at allocation time, so a release carrying an old number (a GC
+pass that looked before the address was reassigned) is refused instead of freeing
+someone else's address.
+
+The allocator reads a block, calls these methods on the copy, and writes it back
+with compare-and-swap; a lost race simply discards the copy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from ipaddress import IPv4Address, IPv4Network
+
+from datastore.models import AllocationAttribute, IPAMBlockSpec
+from ipam.errors import AddressInUse, AddressNotAllocated, BadSequenceNumber, BlockCorrupt
+
+HOST_AFFINITY_PREFIX = "host:"
+
+
+@dataclass(frozen=True)
+class Attribute:
+    """Who holds an allocation: the handle (for release) and free-form owner attrs."""
+
+    handle_id: str | None
+    secondary: tuple[tuple[str, str], ...] = ()
+
+    @classmethod
+    def of(cls, handle_id: str | None, attrs: Mapping[str, str] | None) -> Attribute:
+        return cls(handle_id, tuple(sorted((attrs or {}).items())))
+
+    @property
+    def attrs(self) -> dict[str, str]:
+        return dict(self.secondary)
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """One allocated address as seen in a block."""
+
+    ip: IPv4Address
+    ordinal: int
+    handle_id: str | None
+    attrs: dict[str, str]
+    sequence_number: int | None
+
+
+@dataclass
+class AllocationBlock:
+    """A mutable working copy of one IPAMBlock spec."""
+
+    cidr: IPv4Network
+    affinity: str | None = None
+    affinity_claim_time: str | None = None
+    allocations: list[int | None] = field(default_factory=list)
+    unallocated: list[int] = field(default_factory=list)
+    attributes: list[Attribute] = field(default_factory=list)
+    sequence_number: int = 0
+    seq_for_allocation: dict[int, int] = field(default_factory=dict)
+    deleted: bool = False
+
+    # -- construction and wire form -------------------------------------------------
+    @classmethod
+    def new(
+        cls, cidr: IPv4Network | str, affinity: str | None = None, claim_time: str | None = None
+    ) -> AllocationBlock:
+        """An empty block: every ordinal free, in address order."""
+        network = IPv4Network(cidr)
+        size = network.num_addresses
+        return cls(
+            cidr=network,
+            affinity=affinity,
+            affinity_claim_time=claim_time,
+            allocations=[None] * size,
+            unallocated=list(range(size)),
+        )
+
+    @classmethod
+    def from_spec(cls, spec: IPAMBlockSpec) -> AllocationBlock:
+        return cls(
+            cidr=IPv4Network(spec.cidr),
+            affinity=spec.affinity,
+            affinity_claim_time=spec.affinity_claim_time,
+            allocations=list(spec.allocations),
+            unallocated=list(spec.unallocated),
+            attributes=[Attribute.of(a.handle_id, a.secondary) for a in spec.attributes],
+            sequence_number=spec.sequence_number,
+            seq_for_allocation={int(k): v for k, v in spec.sequence_number_for_allocation.items()},
+            deleted=spec.deleted,
+        )
+
+    def to_spec(self) -> IPAMBlockSpec:
+        return IPAMBlockSpec(
+            cidr=str(self.cidr),
+            affinity=self.affinity,
+            affinity_claim_time=self.affinity_claim_time,
+            allocations=list(self.allocations),
+            unallocated=list(self.unallocated),
+            attributes=[
+                AllocationAttribute(handleID=a.handle_id, secondary=a.attrs or None)
+                for a in self.attributes
+            ],
+            sequence_number=self.sequence_number,
+            sequence_number_for_allocation={
+                str(k): v for k, v in sorted(self.seq_for_allocation.items())
+            },
+            deleted=self.deleted,
+        )
+
+    # -- read-only views ------------------------------------------------------------
+    @property
+    def size(self) -> int:
+        return self.cidr.num_addresses
+
+    @property
+    def free_count(self) -> int:
+        return len(self.unallocated)
+
+    @property
+    def used_count(self) -> int:
+        return self.size - len(self.unallocated)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.used_count
+
+    @property
+    def host(self) -> str | None:
+        """The node this block is affine to, or None (not affine / virtual)."""
+        if self.affinity and self.affinity.startswith(HOST_AFFINITY_PREFIX):
+            return self.affinity[len(HOST_AFFINITY_PREFIX) :]
+        return None
+
+    def contains(self, ip: IPv4Address) -> bool:
+        return ip in self.cidr
+
+    def ordinal_of(self, ip: IPv4Address) -> int:
+        if ip not in self.cidr:
+            raise ValueError(f"{ip} is not in block {self.cidr}")
+        return int(ip) - int(self.cidr.network_address)
+
+    def ip_of(self, ordinal: int) -> IPv4Address:
+        return self.cidr.network_address + ordinal
+
+    def allocation(self, ip: IPv4Address) -> Allocation | None:
+        """The allocation of ip, or None when it is free."""
+        ordinal = self.ordinal_of(ip)
+        index = self.allocations[ordinal]
+        if index is None:
+            return None
+        attribute = self.attributes[index]
+        return Allocation(
+            ip, ordinal, attribute.handle_id, attribute.attrs, self.seq_for_allocation.get(ordinal)
+        )
+
+    def iter_allocations(self) -> Iterator[Allocation]:
+        for ordinal, index in enumerate(self.allocations):
+            if index is not None:
+                attribute = self.attributes[index]
+                yield Allocation(
+                    self.ip_of(ordinal),
+                    ordinal,
+                    attribute.handle_id,
+                    attribute.attrs,
+                    self.seq_for_allocation.get(ordinal),
+                )
+
+    def handle_counts(self) -> dict[str, int]:
+        """How many addresses each handle holds in this block."""
+        counts: dict[str, int] = {}
+        for alloc in self.iter_allocations():
+            if alloc.handle_id:
+                counts[alloc.handle_id] = counts.get(alloc.handle_id, 0) + 1
+        return counts
+
+    # -- changes ----------------------------------------------------------------------
+    def auto_assign(
+        self, num: int, handle_id: str | None, attrs: Mapping[str, str] | None = None
+    ) -> list[IPv4Address]:
+        """Take up to num addresses from the FIFO head; fewer if the block runs out."""
+        if num < 0:
+            raise ValueError("num must be >= 0")
+        count = min(num, len(self.unallocated))
+        if count == 0:
+            return []
+        ordinals, self.unallocated = self.unallocated[:count], self.unallocated[count:]
+        self._mark(ordinals, Attribute.of(handle_id, attrs))
+        return [self.ip_of(o) for o in ordinals]
+
+    def assign(
+        self, ip: IPv4Address, handle_id: str | None, attrs: Mapping[str, str] | None = None
+    ) -> None:
+        """Allocate one specific address; AddressInUse if it is taken."""
+        ordinal = self.ordinal_of(ip)
+        if self.allocations[ordinal] is not None:
+            holder = self.attributes[self.allocations[ordinal]].handle_id  # type: ignore[index]
+            raise AddressInUse(f"{ip} is already allocated (handle {holder})")
+        self.unallocated.remove(ordinal)
+        self._mark([ordinal], Attribute.of(handle_id, attrs))
+
+    def release(
+        self, ips: Iterable[IPv4Address], sequence_numbers: Mapping[IPv4Address, int] | None = None
+    ) -> dict[str | None, int]:
+        """Free the addresses; return how many each handle lost.
+
+        Raises AddressNotAllocated / BadSequenceNumber before changing anything, so a
+        refused release leaves the block as it was.
+        """
+        ordinals = []
+        for ip in dict.fromkeys(ips):
+            ordinal = self.ordinal_of(ip)
+            if self.allocations[ordinal] is None:
+                raise AddressNotAllocated(f"{ip} is not allocated in block {self.cidr}")
+            expected = (sequence_numbers or {}).get(ip)
+            actual = self.seq_for_allocation.get(ordinal)
+            if expected is not None and expected != actual:
+                raise BadSequenceNumber(
+                    f"{ip}: sequence number {expected} does not match {actual}; "
+                    "it was reassigned since it was inspected"
+                )
+            ordinals.append(ordinal)
+        return self._free(ordinals)
+
+    def release_handle(self, handle_id: str) -> dict[str | None, int]:
+        """Free every address held by handle_id in this block (none: no change)."""
+        ordinals = [a.ordinal for a in self.iter_allocations() if a.handle_id == handle_id]
+        return self._free(ordinals)
+
+    def _mark(self, ordinals: list[int], attribute: Attribute) -> None:
+        index = self._attribute_index(attribute)
+        self.sequence_number += 1
+        for ordinal in ordinals:
+            self.allocations[ordinal] = index
+            self.seq_for_allocation[ordinal] = self.sequence_number
+
+    def _attribute_index(self, attribute: Attribute) -> int:
+        """Share an identical attribute entry instead of adding one per allocation."""
+        try:
+            return self.attributes.index(attribute)
+        except ValueError:
+            self.attributes.append(attribute)
+            return len(self.attributes) - 1
+
+    def _free(self, ordinals: list[int]) -> dict[str | None, int]:
+        if not ordinals:
+            return {}
+        released: dict[str | None, int] = {}
+        for ordinal in ordinals:
+            index = self.allocations[ordinal]
+            assert index is not None
+            handle = self.attributes[index].handle_id
+            released[handle] = released.get(handle, 0) + 1
+            self.allocations[ordinal] = None
+            self.seq_for_allocation.pop(ordinal, None)
+            self.unallocated.append(ordinal)
+        self.sequence_number += 1
+        self._compact_attributes()
+        return released
+
+    def _compact_attributes(self) -> None:
+        """Drop attribute entries no allocation refers to, renumbering the rest."""
+        used = sorted({i for i in self.allocations if i is not None})
+        if len(used) == len(self.attributes):
+            return
+        remap = {old: new for new, old in enumerate(used)}
+        self.attributes = [self.attributes[i] for i in used]
+        self.allocations = [None if i is None else remap[i] for i in self.allocations]
+
+    # -- invariants -------------------------------------------------------------------
+    def problems(self) -> list[str]:
+        """Every broken invariant, described; empty when the block is sound."""
+        out: list[str] = []
+        if len(self.allocations) != self.size:
+            out.append(f"allocations has {len(self.allocations)} entries, block size {self.size}")
+        if len(set(self.unallocated)) != len(self.unallocated):
+            out.append("unallocated lists an ordinal twice")
+        free = {o for o, i in enumerate(self.allocations) if i is None}
+        if set(self.unallocated) != free:
+            out.append(
+                f"unallocated {sorted(set(self.unallocated) ^ free)[:8]} disagrees with allocations"
+            )
+        bad_index = [
+            i for i in self.allocations if i is not None and not 0 <= i < len(self.attributes)
+        ]
+        if bad_index:
+            out.append(f"allocations point at missing attributes {sorted(set(bad_index))[:8]}")
+        referenced = {i for i in self.allocations if i is not None}
+        if referenced != set(range(len(self.attributes))) and not bad_index:
+            out.append("attributes holds entries no allocation uses")
+        stray = [o for o in self.seq_for_allocation if o in free or not 0 <= o < self.size]
+        if stray:
+            out.append(f"sequence numbers recorded for free ordinals {sorted(stray)[:8]}")
+        return out
+
+    def verify(self) -> None:
+        """Raise BlockCorrupt listing every broken invariant."""
+        problems = self.problems()
+        if problems:
+            raise BlockCorrupt(f"block {self.cidr}: " + "; ".join(problems))
+
+
+def host_affinity(node: str) -> str:
+    return f"{HOST_AFFINITY_PREFIX}{node}"

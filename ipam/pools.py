@@ -1,0 +1,184 @@
+"""Pure pool logic: validation, selection for a node, block enumeration, naming.
+
+Pool lifecycle (decided here, enforced by the allocator and `tabbyctl ipam check`):
+- A pool is retired by setting `disabled: true` first. A disabled pool hands out
+  nothing new: no new blocks are claimed in it and no address is taken from its
+  existing blocks, but every address already allocated stays valid and can be
+  released.
+- Deleting a pool object removes it from selection at once. Blocks whose CIDR lies
+  in no existing pool ("orphan blocks") are never used for new allocations;
+  releases still work, and `ipam check` reports orphan blocks that still hold
+  allocations so an operator can drain them. GC deletes orphan blocks once empty.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from ipaddress import IPv4Address, IPv4Network
+
+from datastore.models import IPPool
+from ipam.errors import InvalidPool, PoolNotFound
+from ipam.selector import SelectorError, parse_selector
+
+MIN_BLOCK_SIZE = 20
+MAX_BLOCK_SIZE = 32
+LINK_LOCAL = IPv4Network("169.254.0.0/16")
+MAX_NAME = 253
+_NAME_OK = re.compile(r"^[a-z0-9]([a-z0-9.-]*[a-z0-9])?$")
+
+
+# -- names ------------------------------------------------------------------------
+def cidr_name(cidr: IPv4Network | str) -> str:
+    """Resource name of a block: '10.244.1.0/26' -> '10-244-1-0-26' (Calico's form)."""
+    return str(cidr).replace(".", "-").replace(":", "-").replace("/", "-")
+
+
+def _hashed(name: str, original: str) -> str:
+    digest = hashlib.sha256(original.encode()).hexdigest()[:11]
+    return f"{name[: MAX_NAME - 12].rstrip('-.')}-{digest}"
+
+
+def affinity_name(node: str, cidr: IPv4Network | str) -> str:
+    """'<node>-<block name>', truncated with a hash suffix when it would be too long."""
+    name = f"{node}-{cidr_name(cidr)}"
+    return name if len(name) < MAX_NAME else _hashed(name, name)
+
+
+def handle_name(handle_id: str) -> str:
+    """A valid object name for a handle id; ids that need changing get a hash suffix.
+
+    The suffix keeps two ids that sanitise to the same text apart; the exact id is
+    stored in spec.handleID and checked on read.
+    """
+    if len(handle_id) < MAX_NAME and _NAME_OK.match(handle_id):
+        return handle_id
+    cleaned = re.sub(r"[^a-z0-9.-]+", "-", handle_id.lower()).strip("-.") or "handle"
+    return _hashed(cleaned, handle_id)
+
+
+def tunnel_handle_id(kind: str, node: str) -> str:
+    """Calico's tunnel handle ids: 'ipip-tunnel-addr-<node>', 'vxlan-tunnel-addr-<node>'."""
+    if kind not in ("ipip", "vxlan"):
+        raise ValueError(f"unknown tunnel kind {kind!r}: use 'ipip' or 'vxlan'")
+    return f"{kind}-tunnel-addr-{node}"
+
+
+# -- validation -------------------------------------------------------------------
+def pool_network(pool: IPPool) -> IPv4Network:
+    """The pool's CIDR; InvalidPool if it is not a strictly masked IPv4 network."""
+    try:
+        return IPv4Network(pool.spec.cidr)
+    except ValueError as exc:
+        raise InvalidPool(f"pool {pool.name}: cidr {pool.spec.cidr!r} is invalid: {exc}") from None
+
+
+def validate_pool(pool: IPPool) -> None:
+    """One pool on its own: CIDR, block size, selector, encapsulation."""
+    network = pool_network(pool)
+    size = pool.spec.block_size
+    if not MIN_BLOCK_SIZE <= size <= MAX_BLOCK_SIZE:
+        raise InvalidPool(
+            f"pool {pool.name}: blockSize {size} is outside {MIN_BLOCK_SIZE}-{MAX_BLOCK_SIZE}"
+        )
+    if network.prefixlen > size:
+        raise InvalidPool(f"pool {pool.name}: cidr {network} is smaller than one /{size} block")
+    if network.overlaps(LINK_LOCAL):
+        raise InvalidPool(f"pool {pool.name}: cidr {network} overlaps link-local {LINK_LOCAL}")
+    if pool.spec.ipip_mode != "Never" and pool.spec.vxlan_mode != "Never":
+        raise InvalidPool(f"pool {pool.name}: ipipMode and vxlanMode cannot both be enabled")
+    try:
+        parse_selector(pool.spec.node_selector)
+    except SelectorError as exc:
+        raise InvalidPool(f"pool {pool.name}: nodeSelector: {exc}") from None
+
+
+def validate_pools(pools: Iterable[IPPool]) -> None:
+    """All pools together: each valid, and no two overlapping."""
+    seen: list[tuple[IPv4Network, str]] = []
+    for pool in pools:
+        validate_pool(pool)
+        network = pool_network(pool)
+        for other, name in seen:
+            if network.overlaps(other):
+                raise InvalidPool(
+                    f"pool {pool.name} ({network}) overlaps pool {name} ({other}): "
+                    "pools must not overlap; change or delete one of them"
+                )
+        seen.append((network, pool.name))
+
+
+# -- selection --------------------------------------------------------------------
+def select_pools(
+    pools: Sequence[IPPool],
+    node_labels: Mapping[str, str],
+    names: Sequence[str] | None = None,
+) -> list[IPPool]:
+    """The pools a node may take new addresses from, in a stable order.
+
+    `names` restricts to named pools (PoolNotFound if one does not exist). Disabled
+    pools and pools whose nodeSelector does not match are left out; pools with an
+    invalid selector are left out too (validate_pools reports them).
+    """
+    by_name = {p.name: p for p in pools}
+    if names:
+        missing = [n for n in names if n not in by_name]
+        if missing:
+            known = ", ".join(sorted(by_name)) or "none"
+            raise PoolNotFound(f"unknown pool(s) {', '.join(missing)}; known: {known}")
+        candidates = [by_name[n] for n in names]
+    else:
+        candidates = sorted(pools, key=lambda p: p.name)
+    return [p for p in candidates if not p.spec.disabled and _selects(p, node_labels)]
+
+
+def _selects(pool: IPPool, labels: Mapping[str, str]) -> bool:
+    try:
+        return parse_selector(pool.spec.node_selector).matches(labels)
+    except SelectorError:
+        return False
+
+
+def pool_containing(address: IPv4Address | IPv4Network, pools: Iterable[IPPool]) -> IPPool | None:
+    """The pool whose CIDR holds an address or a block, if any."""
+    for pool in pools:
+        network = IPv4Network(pool.spec.cidr)
+        if isinstance(address, IPv4Network):
+            if address.subnet_of(network):
+                return pool
+        elif address in network:
+            return pool
+    return None
+
+
+# -- block enumeration --------------------------------------------------------------
+def node_seed(node: str) -> int:
+    """A stable number from the hostname: retries walk the same order, nodes diverge."""
+    return int.from_bytes(hashlib.sha256(node.encode()).digest()[:8], "big")
+
+
+def block_count(pool: IPPool) -> int:
+    return 2 ** (pool.spec.block_size - pool_network(pool).prefixlen)
+
+
+def block_cidrs(pool: IPPool, node: str) -> Iterator[IPv4Network]:
+    """Every block CIDR of the pool, once each, starting at a node-seeded offset.
+
+    Like Calico's randomBlockGenerator: a pseudo-random start, then a wrapping
+    walk, so enumeration is O(1) to start even for very large pools.
+    """
+    network = pool_network(pool)
+    size = pool.spec.block_size
+    count = block_count(pool)
+    step = 2 ** (32 - size)
+    base = int(network.network_address)
+    start = node_seed(node) % count
+    for i in range(count):
+        index = (start + i) % count
+        yield IPv4Network((base + index * step, size))
+
+
+def block_of(ip: IPv4Address, pool: IPPool) -> IPv4Network:
+    """The block CIDR inside pool that holds ip."""
+    return IPv4Network((int(ip), pool.spec.block_size), strict=False)

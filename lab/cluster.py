@@ -1,0 +1,333 @@
+"""A whole Tabby cluster on one machine: control plane, node namespaces, agents, pods.
+
+This is what `tabbyctl lab up`, `make demo` and the multi-node tests run. Pods are
+created the way a cluster creates them, minus kubelet: a Pod object is written to the
+apiserver, a network namespace plays the sandbox, and the node's `tabby` plugin is
+executed inside the node namespace with the CNI environment a runtime would give it.
+
+State lives in `<workdir>/cluster.json`, so a later `tabbyctl lab ...` call can find
+the lab again; everything started is recorded by PID and stopped by `down()`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cni.install import conflist, install_plugin
+from datastore import kinds
+from datastore.client import Datastore
+from datastore.errors import AlreadyExists, NotFound
+from datastore.models import BGPConfiguration, BGPConfigurationSpec, IPPool, IPPoolSpec, Meta
+from lab import netns
+from lab.controlplane import ControlPlane
+from lab.process import PidRegistry
+from lab.topology import Lab, Node
+
+log = logging.getLogger(__name__)
+
+REPO = Path(__file__).resolve().parent.parent
+POD_CIDR = "10.244.0.0/16"
+RR_CLUSTER_ID = "244.0.0.1"
+AGENT_START_TIMEOUT_S = 90.0
+Progress = Callable[[str], None]
+
+
+@dataclass
+class PodInfo:
+    namespace: str
+    name: str
+    node: str
+    netns: str
+    container_id: str
+    ip: str
+    labels: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass
+class ClusterSpec:
+    nodes: int = 3
+    subnets: int = 1
+    bgp: str = "mesh"  # mesh | reflectors
+    encap: str = "none"  # none | vxlan | ipip
+    reflectors: int = 1
+
+
+def _quiet(_: str) -> None:
+    return None
+
+
+class LabCluster:
+    """Start with `LabCluster.up(workdir, spec)`, re-open with `LabCluster.load(workdir)`."""
+
+    def __init__(self, workdir: Path, spec: ClusterSpec) -> None:
+        self.workdir = workdir
+        self.spec = spec
+        self.cp: ControlPlane | None = None
+        self.lab: Lab | None = None
+        self.pods: dict[str, PodInfo] = {}
+        self.kubeconfig = workdir / "controlplane" / "kubeconfig"
+        self.apiserver_port = 0
+
+    # -- bring-up -----------------------------------------------------------------------
+    @classmethod
+    def up(cls, workdir: Path, spec: ClusterSpec, progress: Progress = _quiet) -> LabCluster:
+        cluster = cls(workdir, spec)
+        workdir.mkdir(parents=True, exist_ok=True)
+        try:
+            cluster._start(progress)
+        except BaseException:
+            cluster.down()
+            raise
+        return cluster
+
+    def _start(self, progress: Progress) -> None:
+        progress("starting etcd and kube-apiserver")
+        self.cp = ControlPlane.start(self.workdir / "controlplane")
+        self.apiserver_port = self.cp.apiserver_port
+        socket_path = self.cp.expose_unix_socket()
+        progress(f"creating {self.spec.nodes} node namespaces on {self.spec.subnets} subnet(s)")
+        assert self.cp.etcd is not None
+        self.lab = Lab.create(self.spec.nodes, self.spec.subnets, owner_pid=self.cp.etcd.pid)
+        self._save()
+        ds = self.datastore()
+        self._create_cluster_objects(ds)
+        install_plugin(self.cni_bin_dir, sys.executable)
+        for index, node in enumerate(self.lab.nodes):
+            progress(f"starting tabby-node on {node.name} ({node.ip})")
+            self._register_node(ds, node, reflector=self._is_reflector(index))
+            self.lab.relay_apiserver(node, socket_path, self.apiserver_port)
+            self._start_agent(node)
+        for node in self.lab.nodes:
+            self._wait_agent(node)
+        self._save()
+        progress("all agents ready")
+
+    def _is_reflector(self, index: int) -> bool:
+        return self.spec.bgp == "reflectors" and index < self.spec.reflectors
+
+    def _create_cluster_objects(self, ds: Datastore) -> None:
+        encap = self.spec.encap
+        spec = IPPoolSpec(
+            cidr=POD_CIDR,
+            block_size=26,
+            vxlan_mode="CrossSubnet" if encap == "vxlan" else "Never",
+            ipip_mode="CrossSubnet" if encap == "ipip" else "Never",
+            nat_outgoing=False,
+        )
+        _create(ds.create, IPPool(metadata=Meta(name="default-ipv4-ippool"), spec=spec))
+        mesh = self.spec.bgp == "mesh"
+        config = BGPConfiguration(
+            metadata=Meta(name="default"),
+            spec=BGPConfigurationSpec(node_to_node_mesh_enabled=mesh),
+        )
+        _create(ds.create, config)
+
+    def _register_node(self, ds: Datastore, node: Node, reflector: bool) -> None:
+        annotations = {"tabby.dev/ipv4-address": str(node.address)}
+        labels = {"kubernetes.io/hostname": node.name, "tabby.dev/lab": "true"}
+        if reflector:
+            annotations["tabby.dev/route-reflector-cluster-id"] = RR_CLUSTER_ID
+            labels["tabby.dev/route-reflector"] = "true"
+        body = {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"name": node.name, "labels": labels, "annotations": annotations},
+        }
+        _create(lambda b: ds.create_raw(kinds.NODE, b), body)
+
+    def _start_agent(self, node: Node) -> None:
+        assert self.lab is not None and self.cp is not None
+        argv = [
+            str(Path(sys.executable).with_name("tabby-node")),
+            "--node-name",
+            node.name,
+            "--kubeconfig",
+            str(self.cp.kubeconfig),
+            "--run-dir",
+            str(self.run_dir(node.name)),
+            "--node-ip",
+            str(node.address),
+            "--resync-interval",
+            "30",
+        ]
+        self.lab.start_process(f"tabby-node-{node.name}", node, argv, env={"PYTHONPATH": str(REPO)})
+
+    def _wait_agent(self, node: Node) -> None:
+        assert self.lab is not None
+        deadline = time.monotonic() + AGENT_START_TIMEOUT_S
+        sock = self.run_dir(node.name) / "cni.sock"
+        while not sock.exists():
+            proc = next(p for p in self.lab.processes if p.name == f"tabby-node-{node.name}")
+            if not proc.alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"tabby-node on {node.name} did not start:\n{proc.log_tail(30)}")
+            time.sleep(0.1)
+
+    # -- access -------------------------------------------------------------------------
+    @property
+    def cni_bin_dir(self) -> Path:
+        return self.workdir / "cni-bin"
+
+    def run_dir(self, node: str) -> Path:
+        return self.workdir / "nodes" / node
+
+    def datastore(self) -> Datastore:
+        return Datastore.from_kubeconfig(str(self.kubeconfig))
+
+    def node(self, name: str) -> Node:
+        assert self.lab is not None
+        return self.lab.node(name)
+
+    @property
+    def nodes(self) -> list[Node]:
+        return self.lab.nodes if self.lab else []
+
+    # -- pods ---------------------------------------------------------------------------
+    def create_namespace(self, name: str, labels: dict[str, str] | None = None) -> None:
+        meta = {"name": name, "labels": {"kubernetes.io/metadata.name": name, **(labels or {})}}
+        body = {"apiVersion": "v1", "kind": "Namespace", "metadata": meta}
+        _create(lambda b: self.datastore().create_raw(kinds.NAMESPACE, b), body)
+
+    def create_pod(
+        self,
+        namespace: str,
+        name: str,
+        node: str,
+        labels: dict[str, str] | None = None,
+        ports: Sequence[dict[str, Any]] = (),
+    ) -> PodInfo:
+        """Pod object, sandbox namespace, then CNI ADD through the node's plugin."""
+        assert self.lab is not None
+        ds = self.datastore()
+        self.create_namespace(namespace)
+        container = {"name": "main", "image": "busybox", "ports": list(ports)}
+        body = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace, "labels": labels or {}},
+            "spec": {"nodeName": node, "containers": [container]},
+        }
+        _create(lambda b: ds.create_raw(kinds.POD, b), body)
+        digest = hashlib.sha1(f"{namespace}.{name}".encode()).hexdigest()
+        pod_ns = self.lab.ns(f"p{digest[:8]}")
+        if not netns.exists(pod_ns):
+            netns.add(pod_ns)
+        container_id = digest[:32]
+        result = self.cni(node, "ADD", container_id, pod_ns, namespace, name)
+        ip = result["ips"][0]["address"].split("/")[0]
+        pod = PodInfo(namespace, name, node, pod_ns, container_id, ip, labels or {})
+        self.pods[pod.key] = pod
+        self._save()
+        return pod
+
+    def delete_pod(self, namespace: str, name: str) -> None:
+        pod = self.pods.pop(f"{namespace}/{name}")
+        self.cni(pod.node, "DEL", pod.container_id, pod.netns, namespace, name)
+        netns.delete(pod.netns)
+        with contextlib.suppress(NotFound):
+            self.datastore().delete_raw(kinds.POD, name, namespace)
+        self._save()
+
+    def cni(
+        self, node: str, command: str, container_id: str, pod_ns: str, namespace: str, name: str
+    ) -> dict[str, Any]:
+        """Execute the installed plugin inside the node, as a runtime would."""
+        config = conflist(
+            socket=str(self.run_dir(node) / "cni.sock"), chain_portmap=False, chain_bandwidth=False
+        )
+        net = {"cniVersion": config["cniVersion"], "name": config["name"], **config["plugins"][0]}  # type: ignore[index]
+        env = {
+            "CNI_COMMAND": command,
+            "CNI_CONTAINERID": container_id,
+            "CNI_IFNAME": "eth0",
+            "CNI_NETNS": f"/run/netns/{pod_ns}",
+            "CNI_PATH": str(self.cni_bin_dir),
+            "CNI_ARGS": f"IgnoreUnknown=1;K8S_POD_NAMESPACE={namespace};K8S_POD_NAME={name}",
+        }
+        proc = subprocess.run(
+            ["ip", "netns", "exec", self.node(node).netns, str(self.cni_bin_dir / "tabby")],
+            input=json.dumps(net),
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        answer: dict[str, Any] = json.loads(proc.stdout) if proc.stdout.strip() else {}
+        if proc.returncode != 0:
+            raise RuntimeError(
+                f"CNI {command} for {namespace}/{name} on {node} failed: "
+                f"{answer.get('msg') or proc.stderr.strip()} {answer.get('details', '')}".rstrip()
+            )
+        return answer
+
+    def exec(
+        self, pod: str, argv: Sequence[str], timeout: float = 30
+    ) -> subprocess.CompletedProcess[str]:
+        """Run a command inside a pod's network namespace."""
+        info = self.pods[pod]
+        return subprocess.run(
+            ["ip", "netns", "exec", info.netns, *argv],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+
+    def can_reach(self, src: str, dst: str, timeout_s: int = 2, attempts: int = 2) -> bool:
+        """ICMP from one pod to another's address (a first ARP may take one attempt)."""
+        target = self.pods[dst].ip
+        for _ in range(attempts):
+            proc = self.exec(
+                src, ["ping", "-c1", "-W", str(timeout_s), target], timeout=timeout_s + 5
+            )
+            if proc.returncode == 0:
+                return True
+        return False
+
+    # -- persistence and teardown -------------------------------------------------------
+    def _save(self) -> None:
+        state = {
+            "spec": asdict(self.spec),
+            "lab_id": self.lab.lab_id if self.lab else None,
+            "apiserver_port": self.apiserver_port,
+            "pods": {k: asdict(v) for k, v in self.pods.items()},
+        }
+        (self.workdir / "cluster.json").write_text(json.dumps(state, indent=1))
+
+    @classmethod
+    def load(cls, workdir: Path) -> LabCluster:
+        state = json.loads((workdir / "cluster.json").read_text())
+        cluster = cls(workdir, ClusterSpec(**state["spec"]))
+        if state["lab_id"]:
+            cluster.lab = Lab.load(state["lab_id"])
+        cluster.apiserver_port = state["apiserver_port"]
+        cluster.pods = {k: PodInfo(**v) for k, v in state["pods"].items()}
+        return cluster
+
+    def down(self) -> None:
+        """Stop agents, relays and the control plane; remove every namespace."""
+        if self.lab is not None:
+            self.lab.teardown()
+        if self.cp is not None:
+            self.cp.stop()
+        else:
+            PidRegistry(self.workdir / "controlplane" / "pids.json").kill_leftovers()
+
+
+def _create(create: Callable[[Any], Any], obj: Any) -> None:
+    with contextlib.suppress(AlreadyExists):
+        create(obj)

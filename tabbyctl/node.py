@@ -1,0 +1,147 @@
+"""`tabbyctl node status`: the BGP view of one node, like `calicoctl node status`.
+
+The node agent's speaker (bgp.speaker) rewrites a JSON status file on every peer
+state change, by default `/run/tabby/<node>/bgp-status.json`:
+
+    {"version": 1, "node": "n1", "agentPid": 123, "speakerPid": 456,
+     "speakerRunning": true, "stopped": false, "routerId": "10.0.0.1",
+     "asNumber": 64512, "updated": 1796199526.3, "announced": ["10.244.1.0/26"],
+     "learnedRoutes": 3,
+     "peers": [{"address": "10.0.0.2", "type": "node-to-node mesh", "asNumber": 64512,
+                "node": "n2", "state": "up", "since": 1796199525.9,
+                "info": "Established", "routesReceived": 1, "rrClient": false}]}
+
+A file is read rather than a socket so that the command works while the agent is
+busy or gone (the file then tells what it last saw, and the PID check says it is
+not running). Rendering is split from reading so it is tested with plain data.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import click
+
+from bgp.speaker import default_status_path
+from tabbyctl.output import emit_data, emit_table, fail, output_option
+
+COLUMNS = ("PEER ADDRESS", "PEER TYPE", "STATE", "SINCE", "INFO")
+
+
+@click.group("node")
+def node() -> None:
+    """Inspect the Tabby node agent on this host."""
+
+
+@node.command("status")
+@click.option(
+    "--run-dir",
+    envvar="TABBY_RUN_DIR",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("/run/tabby"),
+    show_default=True,
+    help="The node agent's run directory (tabby-node --run-dir).",
+)
+@click.option(
+    "--status-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Status file written by the agent [default: <run-dir>/bgp-status.json].",
+)
+@output_option
+def status(run_dir: Path, status_file: Path | None, output: str) -> None:
+    """Whether the Tabby process runs, and the state of each BGP peer."""
+    path = status_file or default_status_path(run_dir)
+    doc = load_status(path)
+    if output != "table":
+        emit_data(status_data(doc, path), output)
+        return
+    if doc is None or not process_running(doc):
+        fail("Tabby process is not running.", code=1)
+        return
+    click.echo("Tabby process is running.")
+    if not doc.get("speakerRunning"):
+        click.echo("\nThe BGP backend process (ExaBGP) is not running.")
+        return
+    rows = status_rows(doc)
+    click.echo("\nIPv4 BGP status")
+    if rows:
+        emit_table(None, COLUMNS, rows)
+    else:
+        click.echo("No IPv4 peers found.")
+    click.echo("\nIPv6 BGP status\nNo IPv6 peers found.")
+
+
+def load_status(path: Path) -> dict[str, Any] | None:
+    """The status document, or None when there is none (agent never ran) or it is unreadable."""
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def process_running(doc: dict[str, Any]) -> bool:
+    """The agent wrote the file, has not stopped, and its PID is alive (same PID namespace)."""
+    if doc.get("stopped"):
+        return False
+    pid = doc.get("agentPid")
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, owned by someone else
+    return True
+
+
+def status_rows(doc: dict[str, Any], now: float | None = None) -> list[list[str]]:
+    """Table rows in calicoctl's column order, peers sorted by address."""
+    peers = sorted(doc.get("peers") or [], key=_address_key)
+    return [
+        [
+            str(p.get("address", "")),
+            str(p.get("type", "")),
+            str(p.get("state", "")),
+            format_since(p.get("since"), now),
+            str(p.get("info", "")),
+        ]
+        for p in peers
+    ]
+
+
+def format_since(timestamp: Any, now: float | None = None) -> str:
+    """BIRD's style, as calicoctl shows it: a time today, a date before today."""
+    if not isinstance(timestamp, int | float):
+        return ""
+    when = dt.datetime.fromtimestamp(timestamp)
+    today = dt.datetime.fromtimestamp(now) if now is not None else dt.datetime.now()
+    return when.strftime("%H:%M:%S") if when.date() == today.date() else when.strftime("%Y-%m-%d")
+
+
+def status_data(doc: dict[str, Any] | None, path: Path) -> dict[str, Any]:
+    """The -o json/yaml shape: running flags plus the document's peers, as written."""
+    if doc is None:
+        return {"running": False, "statusFile": str(path), "peers": []}
+    return {
+        "running": process_running(doc),
+        "speakerRunning": bool(doc.get("speakerRunning")),
+        "node": doc.get("node"),
+        "routerId": doc.get("routerId"),
+        "asNumber": doc.get("asNumber"),
+        "statusFile": str(path),
+        "peers": sorted(doc.get("peers") or [], key=_address_key),
+    }
+
+
+def _address_key(peer: dict[str, Any]) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in str(peer.get("address", "")).split("."))
+    except ValueError:
+        return (1 << 16,)

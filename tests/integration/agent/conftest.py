@@ -1,0 +1,168 @@
+"""A lab node running the real tabby-node agent against the real apiserver."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cni.install import conflist, install_plugin
+from datastore import kinds
+from datastore.client import Datastore
+from datastore.errors import NotFound
+from datastore.models import IPPool, IPPoolSpec, Meta
+from lab import netns
+from lab.controlplane import ControlPlane
+from lab.process import ManagedProcess
+from lab.topology import Lab, Node
+
+REPO = Path(__file__).resolve().parents[3]
+TABBY_NODE = Path(sys.executable).with_name("tabby-node")
+
+
+@dataclass
+class AgentNode:
+    """One lab node with tabby-node running in it, and helpers to call the plugin."""
+
+    lab: Lab
+    node: Node
+    run_dir: Path
+    bin_dir: Path
+    agent: ManagedProcess
+    datastore: Datastore
+
+    @property
+    def socket(self) -> Path:
+        return self.run_dir / "cni.sock"
+
+    def network_config(self, version: str = "1.0.0") -> dict[str, Any]:
+        config = conflist(socket=str(self.socket), chain_portmap=False, chain_bandwidth=False)
+        plugin = dict(config["plugins"][0])  # type: ignore[index]
+        return {"cniVersion": version, "name": config["name"], **plugin}
+
+    def cni(
+        self,
+        command: str,
+        container_id: str,
+        pod_netns: str | None,
+        *,
+        pod: tuple[str, str] = ("default", "web"),
+        version: str = "1.0.0",
+    ) -> tuple[int, dict[str, Any]]:
+        """Run the installed plugin inside the node namespace, as a runtime would."""
+        env = {
+            "CNI_COMMAND": command,
+            "CNI_CONTAINERID": container_id,
+            "CNI_IFNAME": "eth0",
+            "CNI_PATH": str(self.bin_dir),
+            "CNI_ARGS": f"K8S_POD_NAMESPACE={pod[0]};K8S_POD_NAME={pod[1]};IgnoreUnknown=1",
+        }
+        if pod_netns:
+            env["CNI_NETNS"] = f"/run/netns/{pod_netns}"
+        proc = subprocess.run(
+            ["ip", "netns", "exec", self.node.netns, str(self.bin_dir / "tabby")],
+            input=json.dumps(self.network_config(version)),
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        out = json.loads(proc.stdout) if proc.stdout.strip() else {}
+        return proc.returncode, out
+
+    def health(self, path: str) -> tuple[int, str]:
+        out = netns.ns_exec(
+            self.node.netns,
+            [
+                "curl",
+                "-s",
+                "-o",
+                "/dev/stdout",
+                "-w",
+                "\n%{http_code}",
+                f"http://127.0.0.1:9099{path}",
+            ],
+            check=False,
+        )
+        body, _, code = out.rpartition("\n")
+        return int(code or 0), body
+
+
+def create_pod(ds: Datastore, namespace: str, name: str, node: str) -> dict[str, Any]:
+    body = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "labels": {"app": name}},
+        "spec": {"nodeName": node, "containers": [{"name": "c", "image": "busybox"}]},
+    }
+    return ds.create_raw(kinds.POD, body)
+
+
+def ensure_node(ds: Datastore, name: str, address: str) -> None:
+    body = {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "annotations": {"tabby.dev/ipv4-address": address}},
+    }
+    try:
+        ds.get_raw(kinds.NODE, name)
+    except NotFound:
+        ds.create_raw(kinds.NODE, body)
+
+
+@pytest.fixture
+def agent_node(control_plane: ControlPlane, tmp_path: Path) -> Iterator[AgentNode]:
+    ds = control_plane.datastore()
+    pool_name = f"pool-{uuid.uuid4().hex[:6]}"
+    ds.create(
+        IPPool(metadata=Meta(name=pool_name), spec=IPPoolSpec(cidr="10.100.0.0/16", block_size=26))
+    )
+    lab = Lab.create(nodes=1)
+    node = lab.node("node1")
+    node_name = f"{node.name}-{lab.lab_id}"
+    ensure_node(ds, node_name, str(node.address))
+    run_dir, bin_dir = tmp_path / "run", tmp_path / "bin"
+    install_plugin(bin_dir, sys.executable)
+    try:
+        lab.relay_apiserver(node, control_plane.expose_unix_socket(), control_plane.apiserver_port)
+        agent = lab.start_process(
+            "tabby-node",
+            node,
+            [
+                str(TABBY_NODE),
+                "--node-name",
+                node_name,
+                "--kubeconfig",
+                str(control_plane.kubeconfig),
+                "--run-dir",
+                str(run_dir),
+            ],
+            env={"PYTHONPATH": str(REPO)},
+        )
+        deadline = time.monotonic() + 60
+        while not (run_dir / "cni.sock").exists():
+            if not agent.alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"tabby-node did not start:\n{agent.log_tail(40)}")
+            time.sleep(0.1)
+        yield AgentNode(lab, node, run_dir, bin_dir, agent, ds)
+    finally:
+        lab.teardown()
+        _delete_pool_data(ds, pool_name, node_name)
+
+
+def _delete_pool_data(ds: Datastore, pool_name: str, node_name: str) -> None:
+    """Leave the shared apiserver as we found it for the next test."""
+    for kind in (kinds.IPAMBLOCK, kinds.BLOCKAFFINITY, kinds.IPAMHANDLE):
+        for item in ds.list_raw(kind)[0]:
+            ds.delete_raw(kind, item["metadata"]["name"])
+    ds.delete_raw(kinds.IPPOOL, pool_name)
+    ds.delete_raw(kinds.NODE, node_name)

@@ -1,0 +1,77 @@
+"""tabby-node end to end on a lab node: the plugin, real IPAM in the apiserver, the kernel."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import subprocess
+import sys
+
+from datastore import kinds
+from datastore.models import BlockAffinity, IPAMHandle
+from lab import netns
+from tests.integration.agent.conftest import AgentNode, create_pod
+
+
+def _pod_ns(agent_node: AgentNode, name: str) -> str:
+    ns = agent_node.lab.ns(f"pod-{name}")
+    netns.add(ns)
+    return ns
+
+
+def test_add_wires_the_pod_with_an_address_from_the_nodes_block_and_del_releases_it(
+    agent_node: AgentNode,
+) -> None:
+    ds = agent_node.datastore
+    create_pod(ds, "default", "web", agent_node.node.name)
+    pod_ns = _pod_ns(agent_node, "web")
+    code, result = agent_node.cni("ADD", "c0ffee01", pod_ns)
+    assert code == 0, result
+    address = ipaddress.ip_interface(result["ips"][0]["address"])
+    assert address.ip in ipaddress.ip_network("10.100.0.0/16")
+
+    # the pod side: eth0 with its /32 and a default route via 169.254.1.1
+    assert f"{address.ip}/32" in netns.ip(pod_ns, "-4", "addr", "show", "eth0")
+    assert "default via 169.254.1.1 dev eth0" in netns.ip(pod_ns, "route", "show")
+    # the node side: a /32 route to the pod through its cali veth, Tabby's protocol
+    routes = netns.ip(agent_node.node.netns, "route", "show", f"{address.ip}/32")
+    assert "dev cali" in routes and "proto 80" in routes
+
+    # IPAM in the datastore: the node's affine block holds it, under a handle
+    affinities = [a for a in ds.list(BlockAffinity) if a.spec.state == "confirmed"]
+    assert any(address.ip in ipaddress.ip_network(a.spec.cidr) for a in affinities)
+    assert any(h.spec.handle_id.endswith(".c0ffee01") for h in ds.list(IPAMHandle))
+    annotations = ds.get_raw(kinds.POD, "web", "default")["metadata"]["annotations"]
+    assert annotations["tabby.dev/podIP"] == f"{address.ip}/32"
+
+    # a repeated ADD answers the same; the operator sees the endpoint
+    assert agent_node.cni("ADD", "c0ffee01", pod_ns) == (0, result)
+    listing = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tabbyctl.main",
+            "endpoints",
+            "--run-dir",
+            str(agent_node.run_dir),
+            "-o",
+            "json",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert [e["ip"] for e in json.loads(listing)["endpoints"]] == [str(address.ip)]
+
+    code, body = agent_node.health("/readyz")
+    assert code == 200, body
+    code, metrics = agent_node.health("/metrics")
+    assert 'tabby_cni_request_seconds_count{command="ADD",result="ok"} 2.0' in metrics
+
+    assert agent_node.cni("DEL", "c0ffee01", pod_ns)[0] == 0
+    assert "cali" not in netns.ip(agent_node.node.netns, "link", "show")
+    assert not any(
+        h.spec.handle_id.endswith(".c0ffee01") and any(h.spec.block.values())
+        for h in ds.list(IPAMHandle)
+    )
+    assert agent_node.cni("DEL", "c0ffee01", pod_ns)[0] == 0  # idempotent

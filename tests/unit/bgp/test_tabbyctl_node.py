@@ -1,0 +1,147 @@
+"""`tabbyctl node status` rendering, from status files written the way the speaker does."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from tabbyctl.node import format_since, node, process_running, status_data, status_rows
+
+TODAY = dt.datetime(2026, 12, 2, 17, 38, 47).timestamp()
+LAST_YEAR = dt.datetime(2025, 11, 25, 9, 0, 0).timestamp()
+
+
+def doc(**overrides: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "version": 1,
+        "node": "n1",
+        "agentPid": os.getpid(),
+        "speakerPid": 4242,
+        "speakerRunning": True,
+        "stopped": False,
+        "routerId": "10.0.0.1",
+        "asNumber": 64512,
+        "peers": [
+            {
+                "address": "10.0.0.12",
+                "type": "node-to-node mesh",
+                "state": "start",
+                "since": LAST_YEAR,
+                "info": "Connect",
+            },
+            {
+                "address": "10.0.0.2",
+                "type": "node-to-node mesh",
+                "state": "up",
+                "since": TODAY,
+                "info": "Established",
+            },
+            {
+                "address": "192.168.5.5",
+                "type": "node specific",
+                "state": "up",
+                "since": TODAY,
+                "info": "Established",
+            },
+        ],
+    }
+    base.update(overrides)
+    return base
+
+
+def run(tmp_path: Path, document: dict[str, Any] | None, *args: str) -> click.testing.Result:
+    path = tmp_path / "bgp-status.json"
+    if document is not None:
+        path.write_text(json.dumps(document))
+    group = click.Group(commands={"node": node})
+    return CliRunner().invoke(group, ["node", "status", "--status-file", str(path), *args])
+
+
+def test_table_like_calicoctl(tmp_path: Path) -> None:
+    result = run(tmp_path, doc())
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[0] == "Tabby process is running."
+    assert lines[2] == "IPv4 BGP status"
+    header = next(line for line in lines if "PEER ADDRESS" in line)
+    assert [c.strip() for c in header.strip("│┃|").split("┃")] == [
+        "PEER ADDRESS",
+        "PEER TYPE",
+        "STATE",
+        "SINCE",
+        "INFO",
+    ]
+    body = [line for line in lines if "10.0.0." in line or "192.168" in line]
+    assert ["10.0.0.2" in body[0], "10.0.0.12" in body[1], "192.168.5.5" in body[2]] == [
+        True,
+        True,
+        True,
+    ]
+    assert "Established" in body[0]
+    assert "2025-11-25" in body[1]
+    assert "node specific" in body[2]
+    assert lines[-2:] == ["IPv6 BGP status", "No IPv6 peers found."]
+
+
+def test_json_output(tmp_path: Path) -> None:
+    result = run(tmp_path, doc(), "-o", "json")
+    assert result.exit_code == 0
+    data = json.loads(result.output)
+    assert data["running"] is True
+    assert data["speakerRunning"] is True
+    assert [p["address"] for p in data["peers"]] == ["10.0.0.2", "10.0.0.12", "192.168.5.5"]
+    assert data["statusFile"].endswith("bgp-status.json")
+
+
+def test_not_running_without_a_status_file(tmp_path: Path) -> None:
+    result = run(tmp_path, None)
+    assert result.exit_code == 1
+    assert "Tabby process is not running." in result.output
+    data = json.loads(run(tmp_path, None, "-o", "json").output)
+    assert data == {"running": False, "statusFile": str(tmp_path / "bgp-status.json"), "peers": []}
+
+
+def test_not_running_when_stopped_or_pid_gone(tmp_path: Path) -> None:
+    assert "not running" in run(tmp_path, doc(stopped=True)).output
+    assert not process_running(doc(agentPid=2**22 + 12345))
+    assert not process_running(doc(agentPid="x"))
+    assert process_running(doc())
+
+
+def test_speaker_down_and_no_peers(tmp_path: Path) -> None:
+    result = run(tmp_path, doc(speakerRunning=False))
+    assert result.exit_code == 0
+    assert "The BGP backend process (ExaBGP) is not running." in result.output
+    assert "PEER ADDRESS" not in result.output
+    result = run(tmp_path, doc(peers=[]))
+    assert "No IPv4 peers found." in result.output
+
+
+def test_rows_and_since() -> None:
+    assert status_rows(doc(), now=TODAY)[0] == [
+        "10.0.0.2",
+        "node-to-node mesh",
+        "up",
+        "17:38:47",
+        "Established",
+    ]
+    assert format_since(LAST_YEAR, now=TODAY) == "2025-11-25"
+    assert format_since(None) == ""
+    assert status_data(doc(), Path("/x"))["node"] == "n1"
+
+
+@pytest.mark.parametrize("content", ["not json", "[1, 2]"])
+def test_unreadable_file_means_not_running(tmp_path: Path, content: str) -> None:
+    path = tmp_path / "bgp-status.json"
+    path.write_text(content)
+    group = click.Group(commands={"node": node})
+    result = CliRunner().invoke(group, ["node", "status", "--status-file", str(path)])
+    assert result.exit_code == 1
+    assert "not running" in result.output

@@ -1,0 +1,556 @@
+"""The deployment manifests, read as files: structure, cross-references, least privilege,
+and the pieces of shell and Python they carry, run here against stubs.
+
+The same files are applied to a real apiserver in tests/integration/manifests.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import re
+import stat
+import subprocess
+import textwrap
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from datastore.client import Datastore
+from datastore.memory import MemoryTransport
+from datastore.models import IPPool
+from felix import agent
+from ipam.pools import validate_pool
+from tabbyctl.main import cli
+
+REPO = Path(__file__).resolve().parents[3]
+MANIFESTS = REPO / "manifests"
+NAMESPACE = "tabby-system"
+NOT_IN_KUSTOMIZATION = {"kustomization.yaml", "kind-config.yaml"}
+
+
+def load(name: str) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all((MANIFESTS / name).read_text()) if d]
+
+
+def one(name: str, kind: str) -> dict[str, Any]:
+    [doc] = [d for d in load(name) if d["kind"] == kind]
+    return doc
+
+
+def own_files() -> list[str]:
+    return sorted(p.name for p in MANIFESTS.glob("*.yaml") if p.name not in NOT_IN_KUSTOMIZATION)
+
+
+def all_objects() -> list[dict[str, Any]]:
+    return [doc for name in own_files() for doc in load(name)]
+
+
+@pytest.fixture(scope="module")
+def config() -> dict[str, str]:
+    data: dict[str, str] = one("configmap.yaml", "ConfigMap")["data"]
+    return data
+
+
+@pytest.fixture(scope="module")
+def daemonset() -> dict[str, Any]:
+    return one("daemonset.yaml", "DaemonSet")
+
+
+@pytest.fixture(scope="module")
+def deployment() -> dict[str, Any]:
+    return one("controllers.yaml", "Deployment")
+
+
+def pod_spec(workload: dict[str, Any]) -> dict[str, Any]:
+    spec: dict[str, Any] = workload["spec"]["template"]["spec"]
+    return spec
+
+
+def containers(workload: dict[str, Any]) -> list[dict[str, Any]]:
+    spec = pod_spec(workload)
+    return [*spec.get("initContainers", []), *spec["containers"]]
+
+
+def env_of(container: dict[str, Any], config: dict[str, str]) -> dict[str, str]:
+    """The container's environment as kubelet builds it (ConfigMap keys resolved)."""
+    env = {}
+    for var in container.get("env", []):
+        if "value" in var:
+            env[var["name"]] = var["value"]
+        elif "configMapKeyRef" in var["valueFrom"]:
+            env[var["name"]] = config[var["valueFrom"]["configMapKeyRef"]["key"]]
+        else:
+            env[var["name"]] = f"<{var['valueFrom']['fieldRef']['fieldPath']}>"
+    return env
+
+
+def expand(arg: str, env: dict[str, str]) -> str:
+    """kubelet's $(VAR) expansion in command and args (unknown names stay as written)."""
+    return re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", lambda m: env.get(m[1], m[0]), arg)
+
+
+# -- the files and the kustomization ---------------------------------------------------------
+
+
+def test_kustomization_lists_every_manifest_and_every_crd() -> None:
+    listed = yaml.safe_load((MANIFESTS / "kustomization.yaml").read_text())["resources"]
+    crds = sorted(f"crds/{p.name}" for p in (MANIFESTS / "crds").glob("*.yaml"))
+    assert sorted(listed) == sorted([*own_files(), *crds])
+    assert len(listed) == len(set(listed))
+    assert all((MANIFESTS / item).is_file() for item in listed)
+
+
+def test_every_object_is_labelled_and_placed() -> None:
+    objects = all_objects()
+    assert {o["kind"] for o in objects} >= {
+        "Namespace",
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "ConfigMap",
+        "DaemonSet",
+        "Deployment",
+        "IPPool",
+    }
+    cluster_scoped = {"Namespace", "ClusterRole", "ClusterRoleBinding", "IPPool"}
+    for obj in objects:
+        meta = obj["metadata"]
+        labels = meta.get("labels", {})
+        assert labels.get("app.kubernetes.io/part-of") == "tabby", meta["name"]
+        assert labels.get("app.kubernetes.io/name"), meta["name"]
+        if obj["kind"] in cluster_scoped:
+            assert "namespace" not in meta, meta["name"]
+        else:
+            assert meta["namespace"] == NAMESPACE, meta["name"]
+    names = [(o["kind"], o["metadata"]["name"]) for o in objects]
+    assert len(names) == len(set(names)), "an object is defined twice"
+
+
+def test_workload_selectors_match_their_pod_labels(
+    daemonset: dict[str, Any], deployment: dict[str, Any]
+) -> None:
+    for workload in (daemonset, deployment):
+        selector = workload["spec"]["selector"]["matchLabels"]
+        labels = workload["spec"]["template"]["metadata"]["labels"]
+        assert selector.items() <= labels.items()
+        assert labels["app.kubernetes.io/part-of"] == "tabby"
+    assert daemonset["spec"]["selector"] != deployment["spec"]["selector"]
+
+
+# -- cross-references --------------------------------------------------------------------------
+
+
+def test_workloads_run_as_accounts_that_are_bound(
+    daemonset: dict[str, Any], deployment: dict[str, Any]
+) -> None:
+    rbac = load("rbac.yaml")
+    accounts = {d["metadata"]["name"] for d in rbac if d["kind"] == "ServiceAccount"}
+    roles = {d["metadata"]["name"] for d in rbac if d["kind"] == "ClusterRole"}
+    bound = {}
+    for binding in (d for d in rbac if d["kind"] == "ClusterRoleBinding"):
+        assert binding["roleRef"]["name"] in roles
+        for subject in binding["subjects"]:
+            assert subject == {
+                "kind": "ServiceAccount",
+                "name": subject["name"],
+                "namespace": NAMESPACE,
+            }
+            bound[subject["name"]] = binding["roleRef"]["name"]
+    assert pod_spec(daemonset)["serviceAccountName"] == "tabby-node"
+    assert pod_spec(deployment)["serviceAccountName"] == "tabby-controllers"
+    for workload in (daemonset, deployment):
+        account = pod_spec(workload)["serviceAccountName"]
+        assert account in accounts
+        assert bound[account] == account  # each account has its own role
+
+
+def test_configmap_references_resolve(
+    config: dict[str, str], daemonset: dict[str, Any], deployment: dict[str, Any]
+) -> None:
+    used = set()
+    for workload in (daemonset, deployment):
+        for container in containers(workload):
+            for var in container.get("env", []):
+                ref = var.get("valueFrom", {}).get("configMapKeyRef")
+                if ref:
+                    assert ref["name"] == "tabby-config"
+                    assert ref["key"] in config, f"{var['name']}: no key {ref['key']}"
+                    used.add(ref["key"])
+            for arg in [*container.get("command", []), *container.get("args", [])]:
+                for name in re.findall(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", arg):
+                    assert name in env_of(container, config), f"$({name}) is not defined"
+    # Every key is read by a container, except the documented reference value.
+    assert set(config) - used == {"ipv4_pool_cidr"}
+
+
+def test_volume_mounts_have_volumes(daemonset: dict[str, Any], deployment: dict[str, Any]) -> None:
+    for workload in (daemonset, deployment):
+        volumes = {v["name"] for v in pod_spec(workload)["volumes"]}
+        mounted = {m["name"] for c in containers(workload) for m in c.get("volumeMounts", [])}
+        assert mounted == volumes
+
+
+def test_one_image_everywhere_and_it_is_the_package_version(
+    daemonset: dict[str, Any], deployment: dict[str, Any]
+) -> None:
+    images = {c["image"] for w in (daemonset, deployment) for c in containers(w)}
+    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    assert images == {f"tabby:{version}"}
+    assert f"tabby:{version}" in (REPO / "Dockerfile").read_text()
+
+
+def test_dockerfile_copies_every_package() -> None:
+    """The image copies packages one by one (no .venv in it): keep the list complete."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())
+    packages = {p.rstrip("*") for p in project["tool"]["setuptools"]["packages"]["find"]["include"]}
+    dockerfile = (REPO / "Dockerfile").read_text()
+    copied = set(re.findall(r"^COPY (\w+)/ \1/$", dockerfile, re.M))
+    assert copied == packages
+    assert re.search(r"^FROM python:3\.11-slim$", dockerfile, re.M)
+    assert 'ENTRYPOINT ["tabby-node"]' in dockerfile
+    for package in ("iptables", "ipset", "iproute2", "conntrack"):
+        assert re.search(rf"apt-get install [^\n]*\b{package}\b", dockerfile), package
+
+
+# -- the pool, the ConfigMap and kind agree -----------------------------------------------------
+
+
+def test_default_pool_is_valid_and_matches_the_cluster(config: dict[str, str]) -> None:
+    raw = one("default-ippool.yaml", "IPPool")
+    pool = IPPool.from_wire(raw)
+    validate_pool(pool)  # the IPAM code's own checks
+    assert pool.name == "default-ipv4-ippool"
+    assert (pool.spec.cidr, pool.spec.block_size) == ("10.244.0.0/16", 26)
+    assert (pool.spec.ipip_mode, pool.spec.vxlan_mode) == ("Never", "CrossSubnet")
+    assert pool.spec.nat_outgoing is True
+    kind = yaml.safe_load((MANIFESTS / "kind-config.yaml").read_text())
+    pod_subnet = ipaddress.ip_network(kind["networking"]["podSubnet"])
+    assert ipaddress.ip_network(pool.spec.cidr).subnet_of(pod_subnet)
+    assert config["ipv4_pool_cidr"] == pool.spec.cidr
+    service = ipaddress.ip_network(kind["networking"]["serviceSubnet"])
+    assert not service.overlaps(pod_subnet)
+
+
+def test_kind_config() -> None:
+    kind = yaml.safe_load((MANIFESTS / "kind-config.yaml").read_text())
+    assert kind["apiVersion"] == "kind.x-k8s.io/v1alpha4"
+    assert kind["networking"]["disableDefaultCNI"] is True
+    assert [n["role"] for n in kind["nodes"]] == ["control-plane", "worker", "worker"]
+
+
+def test_mtu_leaves_room_for_vxlan(config: dict[str, str]) -> None:
+    assert int(config["veth_mtu"]) <= 1500 - 50
+
+
+# -- least privilege ---------------------------------------------------------------------------
+
+# (apiGroup, resource) -> verbs; the complete grant of each role.
+READ = {"get", "list", "watch"}
+EXPECTED_RULES: dict[str, dict[tuple[str, str], set[str]]] = {
+    "tabby-node": {
+        ("", "nodes"): READ | {"patch"},
+        ("", "pods"): READ | {"patch"},
+        ("", "namespaces"): READ,
+        ("networking.k8s.io", "networkpolicies"): READ,
+        ("", "events"): {"create", "patch"},
+        **{
+            ("crd.tabby.dev", r): READ
+            for r in ("ippools", "ipamconfigs", "bgpconfigurations", "bgppeers")
+        },
+        **{
+            ("crd.tabby.dev", r): READ | {"create", "update", "delete"}
+            for r in ("ipamblocks", "blockaffinities", "ipamhandles")
+        },
+    },
+    "tabby-controllers": {
+        ("", "nodes"): READ,
+        ("", "pods"): READ,
+        ("", "events"): {"create", "patch"},
+        **{
+            ("crd.tabby.dev", r): READ | {"update", "delete"}
+            for r in ("ipamblocks", "blockaffinities", "ipamhandles")
+        },
+        **{("crd.tabby.dev", r): {"get", "list"} for r in ("ippools", "ipamconfigs")},
+    },
+}
+
+
+@pytest.mark.parametrize("role", sorted(EXPECTED_RULES))
+def test_cluster_role_is_exactly_the_table(role: str) -> None:
+    [doc] = [
+        d for d in load("rbac.yaml") if d["kind"] == "ClusterRole" and d["metadata"]["name"] == role
+    ]
+    granted: dict[tuple[str, str], set[str]] = {}
+    for rule in doc["rules"]:
+        assert "resourceNames" not in rule and "nonResourceURLs" not in rule
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                granted.setdefault((group, resource), set()).update(rule["verbs"])
+    flat = {g for g, _ in granted} | {r for _, r in granted} | set().union(*granted.values())
+    assert "*" not in flat, "no wildcards"
+    assert ("", "secrets") not in granted
+    assert granted == EXPECTED_RULES[role]
+
+
+def test_no_namespaced_roles() -> None:
+    """All grants are cluster-wide ClusterRoles (pods and events live in every namespace)."""
+    kinds = {d["kind"] for d in load("rbac.yaml")}
+    assert kinds == {"ServiceAccount", "ClusterRole", "ClusterRoleBinding"}
+
+
+# -- tabby-node: the DaemonSet -----------------------------------------------------------------
+
+
+def test_daemonset_runs_on_every_node(daemonset: dict[str, Any]) -> None:
+    spec = pod_spec(daemonset)
+    assert spec["hostNetwork"] is True
+    assert spec["hostPID"] is False
+    assert spec["tolerations"] == [{"operator": "Exists"}]  # every taint, every effect
+    assert spec["priorityClassName"] == "system-node-critical"
+    [main] = spec["containers"]
+    assert main["securityContext"]["privileged"] is True
+    assert main["resources"]["requests"].keys() == {"cpu", "memory"}
+    env = env_of(
+        main, {"veth_mtu": "1", "iptables_backend": "a", "log_level": "b", "resync_interval": "2"}
+    )
+    assert env["NODENAME"] == "<spec.nodeName>"
+
+
+def test_probes_hit_the_agents_health_server(daemonset: dict[str, Any]) -> None:
+    [main] = pod_spec(daemonset)["containers"]
+    defaults = agent.AgentConfig(node_name="n", kubeconfig="k")
+    for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
+        get = main[probe]["httpGet"]
+        assert get["path"] == path
+        assert get["port"] == defaults.health_port == 9099
+        # The agent listens on loopback; a hostNetwork pod's IP is the node's.
+        assert get["host"] == defaults.health_host == "127.0.0.1"
+
+
+def test_host_paths(daemonset: dict[str, Any]) -> None:
+    volumes = {v["name"]: v for v in pod_spec(daemonset)["volumes"]}
+    paths = {
+        v["hostPath"]["path"]: v["hostPath"].get("type")
+        for v in volumes.values()
+        if "hostPath" in v
+    }
+    assert paths == {
+        "/run/tabby": "DirectoryOrCreate",
+        "/opt/cni/bin": "DirectoryOrCreate",
+        "/etc/cni/net.d": "DirectoryOrCreate",
+        "/lib/modules": None,
+        "/run/xtables.lock": "FileOrCreate",
+    }
+    [main] = pod_spec(daemonset)["containers"]
+    mounts = {m["mountPath"]: m for m in main["volumeMounts"]}
+    assert mounts["/lib/modules"]["readOnly"] is True
+    assert volumes[mounts["/run/tabby"]["name"]]["hostPath"]["path"] == "/run/tabby"
+
+
+def test_install_cni_writes_what_the_agent_serves(
+    daemonset: dict[str, Any], config: dict[str, str], tmp_path: Path
+) -> None:
+    """Run the init container's command line (host paths moved under tmp_path)."""
+    [init] = pod_spec(daemonset)["initContainers"]
+    env = env_of(init, config)
+    argv = [expand(a, env) for a in init["command"]]
+    assert argv[0] == "tabbyctl"
+    mounts = {m["mountPath"] for m in init["volumeMounts"]}
+    assert mounts == {"/host/opt/cni/bin", "/host/etc/cni/net.d"}
+    moved = [a.replace("=/host/", f"={tmp_path}/host/") for a in argv[1:]]
+    result = CliRunner().invoke(cli, moved)
+    assert result.exit_code == 0, result.output
+    conflist = json.loads((tmp_path / "host/etc/cni/net.d/10-tabby.conflist").read_text())
+    [plugin] = [p for p in conflist["plugins"] if p["type"] == "tabby"]
+    socket = str(
+        agent.AgentConfig(node_name="n", kubeconfig="k", run_dir=Path("/run/tabby")).cni_socket
+    )
+    assert plugin["agent_socket"] == socket
+    assert plugin["mtu"] == int(config["veth_mtu"])
+    shim = tmp_path / "host/opt/cni/bin/tabby"
+    assert shim.read_text().splitlines()[0] == f"#!{config['cni_python']} -IS"
+    assert shim.stat().st_mode & stat.S_IXUSR
+
+
+def _stub(directory: Path, name: str, body: str) -> None:
+    path = directory / name
+    path.write_text("#!/bin/sh\n" + textwrap.dedent(body))
+    path.chmod(0o755)
+
+
+def _run_script(
+    container: dict[str, Any], config: dict[str, str], tmp_path: Path, extra_env: dict[str, str]
+) -> subprocess.CompletedProcess[str]:
+    """The container's `sh -c` script, with kubelet's environment and stubbed commands."""
+    assert container["command"] == ["/bin/sh", "-c"]
+    [script] = container["args"]
+    env = env_of(container, config)
+    env.update(extra_env)
+    env["KUBECONFIG"] = str(tmp_path / "kubeconfig")
+    env["PATH"] = f"{tmp_path / 'bin'}:/usr/bin:/bin"
+    env.update(KUBERNETES_SERVICE_HOST="10.96.0.1", KUBERNETES_SERVICE_PORT="443")
+    return subprocess.run(
+        ["/bin/sh", "-c", expand(script, env)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+
+
+def _check_kubeconfig(path: Path, user: str) -> None:
+    kubeconfig = yaml.safe_load(path.read_text())
+    sa = "/var/run/secrets/kubernetes.io/serviceaccount"
+    [cluster] = kubeconfig["clusters"]
+    assert cluster["cluster"] == {
+        "server": "https://10.96.0.1:443",
+        "certificate-authority": f"{sa}/ca.crt",
+    }
+    [entry] = kubeconfig["users"]
+    assert entry == {"name": user, "user": {"tokenFile": f"{sa}/token"}}
+    assert kubeconfig["current-context"] == kubeconfig["contexts"][0]["name"]
+
+
+@pytest.mark.parametrize(
+    ("ip_output", "node_ip"),
+    [
+        (
+            "1: lo    inet 127.0.0.1/8 scope host lo\\n"
+            "2: eth0    inet 172.18.0.3/16 brd 172.18.255.255 scope global eth0\\n",
+            "172.18.0.3/16",
+        ),
+        ("1: lo    inet 127.0.0.1/8 scope host lo\\n", "172.18.0.3/32"),
+    ],
+    ids=["prefix-from-interface", "no-interface-falls-back-to-32"],
+)
+def test_node_start_script_gives_the_agent_valid_flags(
+    daemonset: dict[str, Any],
+    config: dict[str, str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    ip_output: str,
+    node_ip: str,
+) -> None:
+    (tmp_path / "bin").mkdir()
+    _stub(tmp_path / "bin", "ip", f'printf "{ip_output}"\n')
+    _stub(tmp_path / "bin", "tabby-node", f'for a in "$@"; do echo "$a"; done > {tmp_path}/argv\n')
+    [main] = pod_spec(daemonset)["containers"]
+    result = _run_script(
+        main, config, tmp_path, {"HOST_IP": "172.18.0.3", "NODENAME": "kind-worker"}
+    )
+    assert result.returncode == 0, result.stderr
+    argv = (tmp_path / "argv").read_text().splitlines()
+    _check_kubeconfig(tmp_path / "kubeconfig", "tabby-node")
+    # The agent's own parser accepts exactly these flags with this environment.
+    monkeypatch.setenv("NODENAME", "kind-worker")
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "kubeconfig"))
+    monkeypatch.setenv("TABBY_RUN_DIR", "/run/tabby")
+    parsed = agent.parse_args(argv)
+    assert parsed.node_name == "kind-worker"
+    assert parsed.node_ip == node_ip
+    assert parsed.mtu == int(config["veth_mtu"])
+    assert parsed.log_level == config["log_level"]
+    assert parsed.resync_interval_s == float(config["resync_interval"])
+    assert parsed.run_dir == Path("/run/tabby")
+    assert parsed.cni_socket == Path("/run/tabby/cni.sock")
+
+
+class _Stop(Exception):
+    pass
+
+
+def test_controllers_run_ipam_gc_passes(
+    deployment: dict[str, Any],
+    config: dict[str, str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The Deployment's program, captured from its shell heredoc, runs a real GC pass."""
+    (tmp_path / "bin").mkdir()
+    _stub(tmp_path / "bin", "python", f'[ "$1" = "-" ] && cat > {tmp_path}/program.py\n')
+    [main] = pod_spec(deployment)["containers"]
+    result = _run_script(main, config, tmp_path, {})
+    assert result.returncode == 0, result.stderr
+    _check_kubeconfig(tmp_path / "kubeconfig", "tabby-controllers")
+    program = (tmp_path / "program.py").read_text()
+
+    env = env_of(main, config)
+    heartbeat = tmp_path / "alive"
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "kubeconfig"))
+    monkeypatch.setenv("HEARTBEAT_FILE", str(heartbeat))
+    ds = Datastore(MemoryTransport())
+    opened = []
+    monkeypatch.setattr(
+        Datastore, "from_kubeconfig", classmethod(lambda cls, p: opened.append(p) or ds)
+    )
+
+    def stop(seconds: float) -> None:
+        assert seconds == float(env["GC_INTERVAL_SECONDS"])
+        raise _Stop
+
+    monkeypatch.setattr("time.sleep", stop)
+    with pytest.raises(_Stop):
+        exec(compile(program, "tabby-controllers", "exec"), {"__name__": "__main__"})
+    assert opened == [str(tmp_path / "kubeconfig")]
+    assert heartbeat.exists(), "a successful pass touches the liveness file"
+    probe = main["livenessProbe"]["exec"]["command"]
+    assert env["HEARTBEAT_FILE"] in probe[-1]
+    assert float(env["GC_GRACE_SECONDS"]) == 900.0
+
+
+def test_controllers_deployment_shape(deployment: dict[str, Any]) -> None:
+    assert deployment["spec"]["replicas"] == 1
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    spec = pod_spec(deployment)
+    assert spec.get("hostNetwork") is None
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    [main] = spec["containers"]
+    assert main["securityContext"]["allowPrivilegeEscalation"] is False
+    assert os.path.isabs(main["livenessProbe"]["exec"]["command"][0])
+
+
+# -- the kind script and the docs ---------------------------------------------------------------
+
+
+def test_kind_script_explains_missing_tools(tmp_path: Path) -> None:
+    """Without docker and kind (as on the CI machines) it stops at once and says why."""
+    (tmp_path / "bin").mkdir()
+    for tool in ("dirname",):  # the only outside command it runs before checking
+        (tmp_path / "bin" / tool).symlink_to(f"/usr/bin/{tool}")
+    result = subprocess.run(
+        ["/bin/bash", str(REPO / "hack/kind-conformance.sh"), "up"],
+        env={"PATH": str(tmp_path / "bin")},
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert result.returncode == 1
+    assert "missing: docker kind kubectl curl tar" in result.stderr
+    assert "cannot run where there is no Docker daemon" in result.stderr
+
+
+def test_kind_script_uses_the_manifests() -> None:
+    script = (REPO / "hack/kind-conformance.sh").read_text()
+    assert "--config manifests/kind-config.yaml" in script
+    assert "kind load docker-image" in script
+    assert "apply --server-side -k manifests/" in script
+    assert "--provider=local" in script
+    assert "Netpol" in script
+
+
+def test_deploy_doc_covers_every_setting(config: dict[str, str]) -> None:
+    doc = (REPO / "docs/deploy.md").read_text()
+    for key in config:
+        assert f"`{key}`" in doc, f"docs/deploy.md does not explain {key}"
+    for needle in ("/healthz", "/readyz", "/metrics", "tabbyctl node status", "tabbyctl ipam show"):
+        assert needle in doc

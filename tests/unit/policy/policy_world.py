@@ -1,0 +1,114 @@
+"""Builders for API dicts and a World that answers "is this connection
+allowed?" twice: through the compiled chains (simulator) and through the
+independent oracle."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from policy import desired_state, parse_namespace, parse_pod, parse_policy
+from tests.unit.policy.oracle import Endpoint, Oracle
+from tests.unit.policy.policy_sim import Packet, Simulator
+
+
+def pod_dict(
+    ns: str,
+    name: str,
+    ip: str,
+    labels: dict[str, str] | None = None,
+    ports: list[tuple[str, int, str]] | None = None,
+    *,
+    host_network: bool = False,
+) -> dict[str, Any]:
+    """A Pod as the apiserver returns it; ports are (name, number, protocol)."""
+    container: dict[str, Any] = {"name": "c", "image": "agnhost"}
+    if ports:
+        container["ports"] = [
+            {"name": n, "containerPort": p, "protocol": proto} for n, p, proto in ports
+        ]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"namespace": ns, "name": name, "labels": dict(labels or {})},
+        "spec": {"containers": [container], "hostNetwork": host_network},
+        "status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}]},
+    }
+
+
+def ns_dict(name: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
+    """A Namespace with the automatic name label, as the apiserver shows it."""
+    all_labels = {"kubernetes.io/metadata.name": name, **(labels or {})}
+    return {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {"name": name, "labels": all_labels},
+    }
+
+
+def np_dict(ns: str, name: str, spec: dict[str, Any]) -> dict[str, Any]:
+    """A NetworkPolicy dict."""
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"namespace": ns, "name": name},
+        "spec": spec,
+    }
+
+
+def iface_of(ns: str, name: str) -> str:
+    """Host-side veth name, as the CNI plugin derives it."""
+    return "cali" + hashlib.sha1(f"{ns}.{name}".encode()).hexdigest()[:11]
+
+
+class World:
+    """Pods (all local to one node), namespaces and policies."""
+
+    def __init__(
+        self,
+        policies: list[dict[str, Any]],
+        pods: list[dict[str, Any]],
+        namespaces: list[dict[str, Any]],
+        family: int = 4,
+    ) -> None:
+        self.pods = {f"{p['metadata']['namespace']}/{p['metadata']['name']}": p for p in pods}
+        parsed_pods = [parse_pod(p) for p in pods]
+        local = {iface_of(p.namespace, p.name): p for p in parsed_pods if not p.host_network}
+        self.state = desired_state(
+            [parse_policy(p) for p in policies],
+            parsed_pods,
+            [parse_namespace(n) for n in namespaces],
+            local,
+            family,
+        )
+        self.sim = Simulator(self.state.chains, self.state.ipsets, self.state.members)
+        self.oracle = Oracle(policies, namespaces)
+
+    def _endpoint(self, who: str) -> Endpoint:
+        """``ns/name`` of a pod, or a bare IP outside the pods."""
+        pod = self.pods.get(who)
+        return Endpoint(pod["status"]["podIP"], pod) if pod else Endpoint(who)
+
+    def _iface(self, endpoint: Endpoint) -> str | None:
+        """The endpoint's cali interface, if it is a (non-hostNetwork) pod."""
+        pod = endpoint.pod
+        if pod is None or pod["spec"].get("hostNetwork"):
+            return None
+        return iface_of(pod["metadata"]["namespace"], pod["metadata"]["name"])
+
+    def simulated(self, src: str, dst: str, proto: str, port: int) -> bool:
+        """Verdict of the compiled chains for a NEW connection's first packet."""
+        s, d = self._endpoint(src), self._endpoint(dst)
+        pkt = Packet(s.ip, d.ip, proto.lower(), port)
+        return self.sim.forward(pkt, self._iface(s), self._iface(d))
+
+    def expected(self, src: str, dst: str, proto: str, port: int) -> bool:
+        """Verdict of the oracle."""
+        return self.oracle.allowed(self._endpoint(src), self._endpoint(dst), proto, port)
+
+    def verdict(self, src: str, dst: str, proto: str = "TCP", port: int = 80) -> bool:
+        """Both verdicts, which must agree."""
+        sim = self.simulated(src, dst, proto, port)
+        exp = self.expected(src, dst, proto, port)
+        assert sim == exp, f"{src} -> {dst} {proto}/{port}: simulator {sim}, oracle {exp}"
+        return sim
