@@ -20,11 +20,11 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from ipaddress import IPv4Address
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -47,13 +47,19 @@ from felix.cni_server import (
     Endpoint,
     PodKey,
 )
+from felix.dataplane.runner import SubprocessRunner
 from felix.health import HealthServer, Readiness
 from felix.loop import ReconcileLoop
+from felix.policy_dataplane import PolicyDataplane
+from felix.wiring import host_ifname_for
 from ipam.allocator import IPAMAllocator
 from ipam.block import AllocationBlock
 from ipam.selector import SelectorError, parse_selector
+from policy import Pod as PolicyPod
+from policy import PolicyError, parse_namespace, parse_pod, parse_policy
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 SYNC_TIMEOUT_S = 60.0
 
@@ -72,6 +78,9 @@ class AgentConfig:
     log_level: str = "info"
     node_ip: str | None = None  # "172.31.0.11/24": BGP address and subnet of this node
     bgp: bool = True
+    policy: bool = True
+    iptables_backend: str = "auto"  # auto | nft | legacy | legacy-iptc
+    endpoint_to_host: str = "ACCEPT"  # what pods may send to their own node
 
     @property
     def bgp_status_file(self) -> Path:
@@ -110,9 +119,23 @@ class Metrics:
         self.endpoints = Gauge(
             "tabby_workload_endpoints", "Pods wired on this node", registry=self.registry
         )
+        self.invalid_objects = Counter(
+            "tabby_invalid_objects_total", "API objects skipped as invalid", registry=self.registry
+        )
         self.sync_failures = Counter(
             "tabby_sync_failures_total", "Failed dataplane passes", registry=self.registry
         )
+
+
+def _with_pod_ip(obj: dict[str, Any]) -> dict[str, Any]:
+    """Pods wired by Tabby carry their address in an annotation before kubelet reports it."""
+    if obj.get("kind", "Pod") != "Pod" or "spec" not in obj or "containers" not in obj["spec"]:
+        return obj
+    status = obj.get("status") or {}
+    annotated = (obj["metadata"].get("annotations") or {}).get(ANNOTATION_POD_IP)
+    if annotated and not status.get("podIP") and not status.get("podIPs"):
+        return {**obj, "status": {**status, "podIP": annotated.split("/")[0]}}
+    return obj
 
 
 class IPAMAddresses:
@@ -205,6 +228,8 @@ class Agent:
         self.handlers: TimedHandlers | None = None
         self.health: HealthServer | None = None
         self.bgp: BGPController | None = None
+        self.policy: PolicyDataplane | None = None
+        self.recovered: dict[str, tuple[str, str, str]] = {}
 
     # -- start-up -----------------------------------------------------------------------
     def start(self) -> None:
@@ -216,6 +241,11 @@ class Agent:
         self._wait_synced()
         self._publish_node_address()
         self.node_labels = self._read_node_labels()
+        if self.config.policy:
+            self.policy = PolicyDataplane(
+                SubprocessRunner(), self.config.iptables_backend, self.config.endpoint_to_host
+            )
+            self._recover_endpoints()
         if self.config.bgp:
             self.bgp = BGPController(
                 self.config.node_name,
@@ -246,11 +276,12 @@ class Agent:
         log.info("agent ready", extra={"cni_socket": str(self.config.cni_socket)})
 
     def _start_informers(self) -> None:
-        node = self.config.node_name
         specs: dict[str, tuple[kinds.ResourceKind, str | None]] = {
             "pools": (kinds.IPPOOL, None),
             "nodes": (kinds.NODE, None),
-            "local-pods": (kinds.POD, f"spec.nodeName={node}"),
+            "pods": (kinds.POD, None),
+            "namespaces": (kinds.NAMESPACE, None),
+            "policies": (kinds.NETWORKPOLICY, None),
             "bgpconfigs": (kinds.BGPCONFIGURATION, None),
             "bgppeers": (kinds.BGPPEER, None),
             "affinities": (kinds.BLOCKAFFINITY, None),
@@ -310,6 +341,7 @@ class Agent:
         self._sync({f"endpoint-added:{endpoint.host_ifname}"})
 
     def _endpoint_removed(self, endpoint: Endpoint) -> None:
+        self.recovered.pop(endpoint.host_ifname, None)
         self.loop.request(f"endpoint-removed:{endpoint.host_ifname}")
 
     # -- the dataplane pass -------------------------------------------------------------
@@ -319,9 +351,72 @@ class Agent:
         """Recompute desired state from the caches and apply it (components plug in here)."""
         with self._sync_lock, self.metrics.dataplane_apply.time():
             log.debug("dataplane pass", extra={"reasons": sorted(reasons)})
+            resync = "periodic-resync" in reasons
+            if self.policy is not None:
+                self._sync_policy(resync)
             if self.bgp is not None:
-                self._sync_bgp(resync="periodic-resync" in reasons)
+                self._sync_bgp(resync)
             self._write_status()
+
+    def _sync_policy(self, resync: bool) -> None:
+        assert self.policy is not None
+        pods = {(p.namespace, p.name): p for p in self._parsed(self._objects("pods"), parse_pod)}
+        local: dict[str, PolicyPod] = {}
+        for iface, (namespace, name, address) in self._local_endpoints().items():
+            pod = pods.get((namespace, name)) or self._fetch_pod(namespace, name, address)
+            if pod is not None:
+                local[iface] = pod
+                pods[(namespace, name)] = pod
+        self.policy.apply(
+            self._parsed(self._objects("policies"), parse_policy),
+            pods.values(),
+            self._parsed(self._objects("namespaces"), parse_namespace),
+            local,
+            resync=resync,
+        )
+
+    def _parsed(self, objects: list[dict[str, Any]], parse: Callable[[Any], T]) -> list[T]:
+        """Parse API objects for the compiler; a bad one is reported and skipped."""
+        parsed = []
+        for obj in objects:
+            try:
+                parsed.append(parse(_with_pod_ip(obj)))
+            except PolicyError as exc:
+                self.metrics.invalid_objects.inc()
+                log.warning("skipping invalid object: %s", exc)
+        return parsed
+
+    def _local_endpoints(self) -> dict[str, tuple[str, str, str]]:
+        """host interface -> (namespace, pod, address) for every pod wired here."""
+        local = dict(self.recovered)
+        if self.handlers is not None:
+            for ep in self.handlers.endpoints.all():
+                if ep.namespace and ep.pod:
+                    local[ep.host_ifname] = (ep.namespace, ep.pod, str(ep.address))
+        return local
+
+    def _fetch_pod(self, namespace: str, name: str, address: str) -> PolicyPod | None:
+        """A pod the cache has not seen yet (ADD right after create): read it directly."""
+        try:
+            raw = self.datastore.get_raw(kinds.POD, name, namespace)
+        except DatastoreError:
+            return None
+        raw.setdefault("status", {}).setdefault("podIP", address)
+        parsed = self._parsed([raw], parse_pod)
+        return parsed[0] if parsed else None
+
+    def _recover_endpoints(self) -> None:
+        """After a restart: re-adopt this node's wired pods from their veths and annotations,
+        so their policy is programmed again instead of falling to the fail-closed default."""
+        for raw in self._objects("pods"):
+            meta, spec = raw["metadata"], raw.get("spec") or {}
+            address = (meta.get("annotations") or {}).get(ANNOTATION_POD_IP, "")
+            if spec.get("nodeName") != self.config.node_name or not address:
+                continue
+            iface = host_ifname_for(meta["namespace"], meta["name"])
+            if Path(f"/sys/class/net/{iface}").exists():
+                self.recovered[iface] = (meta["namespace"], meta["name"], address.split("/")[0])
+        log.info("re-adopted %d wired pods", len(self.recovered))
 
     def _sync_bgp(self, resync: bool) -> None:
         assert self.bgp is not None
@@ -441,6 +536,18 @@ def parse_args(argv: list[str] | None = None) -> AgentConfig:
         help="This node's address/prefix for BGP, e.g. 172.31.0.11/24",
     )
     parser.add_argument("--no-bgp", action="store_true", help="Do not run the BGP speaker")
+    parser.add_argument("--no-policy", action="store_true", help="Do not program NetworkPolicy")
+    parser.add_argument(
+        "--iptables-backend",
+        default=os.environ.get("TABBY_IPTABLES_BACKEND", "auto"),
+        choices=["auto", "nft", "legacy", "legacy-iptc"],
+    )
+    parser.add_argument(
+        "--endpoint-to-host",
+        default="ACCEPT",
+        choices=["ACCEPT", "DROP"],
+        help="What traffic from a pod to its own node gets after its egress policy",
+    )
     opts = parser.parse_args(argv)
     if not opts.node_name:
         parser.error("--node-name (or $NODENAME) is required")
@@ -456,6 +563,9 @@ def parse_args(argv: list[str] | None = None) -> AgentConfig:
         log_level=opts.log_level,
         node_ip=opts.node_ip,
         bgp=not opts.no_bgp,
+        policy=not opts.no_policy,
+        iptables_backend=opts.iptables_backend,
+        endpoint_to_host=opts.endpoint_to_host,
     )
 
 

@@ -228,10 +228,40 @@ class LabCluster:
         container_id = digest[:32]
         result = self.cni(node, "ADD", container_id, pod_ns, namespace, name)
         ip = result["ips"][0]["address"].split("/")[0]
+        self._report_pod_ip(ds, namespace, name, ip)
         pod = PodInfo(namespace, name, node, pod_ns, container_id, ip, labels or {})
         self.pods[pod.key] = pod
         self._save()
         return pod
+
+    @staticmethod
+    def _report_pod_ip(ds: Datastore, namespace: str, name: str, ip: str) -> None:
+        """What kubelet does after a sandbox starts: publish the pod's address."""
+        status = {"status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}]}}
+        path = kinds.POD.object_path(name, namespace) + "/status"
+        ds.transport.request(
+            "PATCH", path, body=status, content_type="application/merge-patch+json"
+        )
+
+    def label_pod(self, namespace: str, name: str, labels: dict[str, str | None]) -> None:
+        self.datastore().patch_raw(kinds.POD, name, {"metadata": {"labels": labels}}, namespace)
+
+    def apply_policy(self, policy: dict[str, Any]) -> None:
+        """Create or replace a NetworkPolicy (the dict as `kubectl apply` would send it)."""
+        ds = self.datastore()
+        meta = policy["metadata"]
+        body = {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", **policy}
+        try:
+            current = ds.get_raw(kinds.NETWORKPOLICY, meta["name"], meta["namespace"])
+        except NotFound:
+            ds.create_raw(kinds.NETWORKPOLICY, body)
+            return
+        body["metadata"] = {**meta, "resourceVersion": current["metadata"]["resourceVersion"]}
+        ds.replace_raw(kinds.NETWORKPOLICY, body)
+
+    def delete_policy(self, namespace: str, name: str) -> None:
+        with contextlib.suppress(NotFound):
+            self.datastore().delete_raw(kinds.NETWORKPOLICY, name, namespace)
 
     def delete_pod(self, namespace: str, name: str) -> None:
         pod = self.pods.pop(f"{namespace}/{name}")
