@@ -5,7 +5,7 @@ PYTEST := $(PY) -m pytest
 STAMP := .venv/.installed
 export TABBY_CACHE_DIR ?= $(CURDIR)/.cache
 
-.PHONY: all deps venv build lint test test-unit test-integration demo clean
+.PHONY: all deps venv build lint test test-unit test-integration demo demo-down clean
 
 all: test
 
@@ -39,9 +39,14 @@ test-integration: venv build
 test: deps venv build lint
 	$(PYTEST) tests/unit tests/integration -q
 
-demo: venv build
-	@echo "make demo arrives with the lab issue (tabbyctl lab up); see README.md" >&2
-	@exit 1
+# The README's first command: a 3-node lab with pods, BGP and a policy. `make demo-down` ends it.
+demo: deps venv build
+	.venv/bin/tabbyctl lab down >/dev/null 2>&1 || true
+	.venv/bin/tabbyctl lab up --nodes 3
+	.venv/bin/tabbyctl lab demo
+
+demo-down: venv
+	.venv/bin/tabbyctl lab down
 
 clean:
 	rm -rf .venv .pytest_cache .mypy_cache .ruff_cache build *.egg-info

@@ -21,6 +21,7 @@ SUBCOMMANDS: dict[str, str] = {
     "ipam": "tabbyctl.ipam:ipam",
     "node": "tabbyctl.node:node",
     "cni": "tabbyctl.cni:cni",
+    "lab": "tabbyctl.lab:lab",
     "endpoints": "tabbyctl.cni:endpoints",
 }
 

@@ -1,0 +1,253 @@
+"""`tabbyctl lab`: a whole Tabby cluster on this machine, in network namespaces.
+
+    tabbyctl lab up [--nodes 3] [--subnets 1] [--bgp mesh|reflectors] [--encap none|vxlan|ipip]
+    tabbyctl lab demo            pods, node status, IPAM, a connectivity matrix, a policy
+    tabbyctl lab status
+    tabbyctl lab pod create NS/NAME --node node1 [--label k=v]
+    tabbyctl lab pod delete NS/NAME
+    tabbyctl lab exec NS/NAME -- CMD...
+    tabbyctl lab down
+
+The lab's control plane, node namespaces and agents outlive this command; `down`
+removes all of it. Nothing is added to the host's own network namespace.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from lab.cluster import ClusterSpec, LabCluster
+from tabbyctl.output import emit_data, emit_table, fail, output_option
+
+DEFAULT_WORKDIR = Path(os.environ.get("TABBY_LAB_DIR", "/run/tabby-labs/default"))
+workdir_option = click.option(
+    "--workdir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=DEFAULT_WORKDIR,
+    show_default=True,
+    help="Where the lab keeps its state ($TABBY_LAB_DIR).",
+)
+
+DEMO_POLICY = {
+    "metadata": {"name": "web-allow-clients", "namespace": "demo"},
+    "spec": {
+        "podSelector": {"matchLabels": {"app": "web"}},
+        "policyTypes": ["Ingress"],
+        "ingress": [
+            {
+                "from": [
+                    {"namespaceSelector": {}, "podSelector": {"matchLabels": {"role": "client"}}}
+                ]
+            }
+        ],
+    },
+}
+
+
+def _load(workdir: Path) -> LabCluster:
+    if not (workdir / "cluster.json").exists():
+        fail(f"no lab in {workdir}: run `tabbyctl lab up` first (or pass --workdir)")
+    return LabCluster.load(workdir)
+
+
+def _pod_key(value: str) -> tuple[str, str]:
+    namespace, sep, name = value.partition("/")
+    if not sep or not namespace or not name:
+        fail(f"pods are named NAMESPACE/NAME, got {value!r}")
+    return namespace, name
+
+
+@click.group("lab")
+def lab() -> None:
+    """A multi-node Tabby cluster on this machine, for trying things out."""
+
+
+@lab.command("up")
+@click.option("--nodes", type=click.IntRange(1, 32), default=3, show_default=True)
+@click.option("--subnets", type=click.IntRange(1, 8), default=1, show_default=True)
+@click.option("--bgp", type=click.Choice(["mesh", "reflectors"]), default="mesh", show_default=True)
+@click.option(
+    "--encap", type=click.Choice(["none", "vxlan", "ipip"]), default="none", show_default=True
+)
+@workdir_option
+def up(nodes: int, subnets: int, bgp: str, encap: str, workdir: Path) -> None:
+    """Start the control plane, N node namespaces and a tabby-node agent on each."""
+    if os.geteuid() != 0:
+        fail("the lab creates network namespaces: run it as root")
+    if subnets > nodes:
+        fail(f"--subnets ({subnets}) cannot exceed --nodes ({nodes})")
+    if (workdir / "cluster.json").exists():
+        fail(f"a lab already exists in {workdir}: `tabbyctl lab down` first, or use --workdir")
+    began = time.monotonic()
+    spec = ClusterSpec(nodes=nodes, subnets=subnets, bgp=bgp, encap=encap)
+    cluster = LabCluster.up(workdir, spec, progress=lambda m: click.echo(f"  - {m}"))
+    click.echo(
+        f"lab up in {time.monotonic() - began:.0f}s: {nodes} nodes, BGP {bgp}, "
+        f"encapsulation {encap}"
+    )
+    click.echo(f"  export KUBECONFIG={cluster.kubeconfig}")
+
+
+@lab.command("status")
+@workdir_option
+@output_option
+def status(workdir: Path, output: str) -> None:
+    """Nodes, their agents, and the lab's pods."""
+    cluster = _load(workdir)
+    nodes = [
+        {
+            "name": n.name,
+            "netns": n.netns,
+            "address": str(n.address),
+            "agent": "running" if _agent_running(cluster, n.name) else "not running",
+            "run_dir": str(cluster.run_dir(n.name)),
+        }
+        for n in cluster.nodes
+    ]
+    pods = [
+        {"pod": p.key, "node": p.node, "ip": p.ip, "netns": p.netns} for p in cluster.pods.values()
+    ]
+    if output != "table":
+        emit_data({"kubeconfig": str(cluster.kubeconfig), "nodes": nodes, "pods": pods}, output)
+        return
+    emit_table(
+        "Nodes",
+        ["NODE", "ADDRESS", "AGENT", "NAMESPACE"],
+        [[n["name"], n["address"], n["agent"], n["netns"]] for n in nodes],
+    )
+    emit_table("Pods", ["POD", "NODE", "IP"], [[p["pod"], p["node"], p["ip"]] for p in pods])
+    click.echo(f"export KUBECONFIG={cluster.kubeconfig}")
+
+
+def _agent_running(cluster: LabCluster, node: str) -> bool:
+    import json
+
+    try:
+        pid = int(json.loads((cluster.run_dir(node) / "status.json").read_text())["pid"])
+    except (OSError, ValueError, KeyError):
+        return False
+    return Path(f"/proc/{pid}").exists()
+
+
+@lab.group("pod")
+def pod() -> None:
+    """Create or delete lab pods (through the CNI path)."""
+
+
+@pod.command("create")
+@click.argument("key")
+@click.option("--node", required=True, help="Node to run the pod on, e.g. node1.")
+@click.option("--label", "labels", multiple=True, help="k=v, repeatable.")
+@workdir_option
+def pod_create(key: str, node: str, labels: tuple[str, ...], workdir: Path) -> None:
+    """Create NS/NAME on a node: Pod object, sandbox namespace, CNI ADD."""
+    namespace, name = _pod_key(key)
+    cluster = _load(workdir)
+    if node not in [n.name for n in cluster.nodes]:
+        fail(f"no node {node!r}; nodes: {', '.join(n.name for n in cluster.nodes)}")
+    parsed = {}
+    for label in labels:
+        k, sep, v = label.partition("=")
+        if not sep or not k:
+            fail(f"labels are k=v, got {label!r}")
+        parsed[k] = v
+    info = cluster.create_pod(namespace, name, node, parsed)
+    click.echo(f"pod {info.key} on {info.node}: {info.ip}")
+
+
+@pod.command("delete")
+@click.argument("key")
+@workdir_option
+def pod_delete(key: str, workdir: Path) -> None:
+    """CNI DEL, then remove the sandbox namespace and the Pod object."""
+    namespace, name = _pod_key(key)
+    cluster = _load(workdir)
+    if key not in cluster.pods:
+        fail(f"no lab pod {key}; see `tabbyctl lab status`")
+    cluster.delete_pod(namespace, name)
+    click.echo(f"pod {key} deleted")
+
+
+@lab.command("exec", context_settings={"ignore_unknown_options": True})
+@click.argument("key")
+@click.argument("argv", nargs=-1, required=True, type=click.UNPROCESSED)
+@workdir_option
+def exec_cmd(key: str, argv: tuple[str, ...], workdir: Path) -> None:
+    """Run a command in a pod's network namespace: lab exec NS/NAME -- ping 10.244.1.2."""
+    cluster = _load(workdir)
+    if key not in cluster.pods:
+        fail(f"no lab pod {key}; see `tabbyctl lab status`")
+    proc = subprocess.run(["ip", "netns", "exec", cluster.pods[key].netns, *argv], check=False)
+    sys.exit(proc.returncode)
+
+
+@lab.command("down")
+@workdir_option
+def down(workdir: Path) -> None:
+    """Stop everything the lab started and remove its namespaces."""
+    cluster = _load(workdir)
+    cluster.down()
+    (workdir / "cluster.json").unlink(missing_ok=True)
+    click.echo("lab removed")
+
+
+# -- the demo -----------------------------------------------------------------------------
+def _matrix(cluster: LabCluster, title: str) -> None:
+    keys = sorted(cluster.pods)
+    rows = []
+    for src in keys:
+        row = [src]
+        for dst in keys:
+            row.append(
+                "-"
+                if src == dst
+                else ("ok" if cluster.can_reach(src, dst, timeout_s=1) else "DENIED")
+            )
+        rows.append(row)
+    emit_table(title, ["FROM \\ TO", *keys], rows)
+
+
+@lab.command("demo")
+@workdir_option
+def demo(workdir: Path) -> None:
+    """Demo pods on every node, node status, IPAM, and a policy's effect on traffic."""
+    cluster = _load(workdir)
+    tabbyctl = [sys.executable, "-m", "tabbyctl.main", "--kubeconfig", str(cluster.kubeconfig)]
+    nodes = [n.name for n in cluster.nodes]
+    click.echo("Creating demo pods through the CNI path ...")
+    for i, node in enumerate(nodes):
+        if f"demo/web-{i + 1}" not in cluster.pods:
+            cluster.create_pod("demo", f"web-{i + 1}", node, {"app": "web"})
+    if "demo/client" not in cluster.pods:
+        cluster.create_pod("demo", "client", nodes[-1], {"role": "client"})
+    if "other/intruder" not in cluster.pods:
+        cluster.create_pod("other", "intruder", nodes[0], {"role": "intruder"})
+    time.sleep(2)  # let BGP carry the new blocks
+    for node in nodes:
+        click.echo(f"\n$ tabbyctl node status   # on {node}")
+        subprocess.run(
+            [*tabbyctl, "node", "status", "--run-dir", str(cluster.run_dir(node))], check=False
+        )
+    click.echo("\n$ tabbyctl ipam show --show-blocks")
+    subprocess.run([*tabbyctl, "ipam", "show", "--show-blocks"], check=False)
+    _matrix(cluster, "Connectivity before any NetworkPolicy (ICMP)")
+    click.echo(
+        "\nApplying NetworkPolicy demo/web-allow-clients: pods app=web accept only role=client"
+    )
+    cluster.apply_policy(DEMO_POLICY)
+    time.sleep(2)
+    _matrix(cluster, "Connectivity with the policy")
+    click.echo(f"""
+Try next:
+  export KUBECONFIG={cluster.kubeconfig}
+  tabbyctl lab status
+  tabbyctl lab exec demo/client -- ping -c1 {cluster.pods["demo/web-1"].ip}
+  tabbyctl lab pod create demo/web-new --node {nodes[0]} --label app=web
+  tabbyctl ipam check
+  tabbyctl lab down""")
