@@ -14,6 +14,7 @@ knows its pools and policy.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -27,8 +28,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from pyroute2.netlink.exceptions import NetlinkError
 
-from bgp.annotations import IPV4_ADDRESS
+from bgp.annotations import IPIP_TUNNEL_ADDR, IPV4_ADDRESS, VXLAN_TUNNEL_ADDR, VXLAN_TUNNEL_MAC
 from bgp.controller import BGPController, BGPInputs
 from bgp.kernel import iproute_factory
 from bgp.speaker import SpeakerOptions, default_status_path
@@ -51,6 +53,15 @@ from felix.dataplane.runner import SubprocessRunner
 from felix.health import HealthServer, Readiness
 from felix.loop import ReconcileLoop
 from felix.policy_dataplane import PolicyDataplane
+from felix.tunnels import (
+    IPIP_OVERHEAD,
+    VXLAN_OVERHEAD,
+    VxlanSpec,
+    ensure_ipip,
+    ensure_vxlan,
+    needed_tunnels,
+    vxlan_mac,
+)
 from felix.wiring import host_ifname_for
 from ipam.allocator import IPAMAllocator
 from ipam.block import AllocationBlock
@@ -230,6 +241,10 @@ class Agent:
         self.bgp: BGPController | None = None
         self.policy: PolicyDataplane | None = None
         self.recovered: dict[str, tuple[str, str, str]] = {}
+        self.allocator: IPAMAllocator | None = None
+        self._vxlan_address: IPv4Address | None = None
+        self._ipip_address: IPv4Address | None = None
+        self._ipip_failed = False
 
     # -- start-up -----------------------------------------------------------------------
     def start(self) -> None:
@@ -258,6 +273,7 @@ class Agent:
         allocator = IPAMAllocator(
             self.datastore, self.config.node_name, node_labels=self.node_labels
         )
+        self.allocator = allocator
         addresses = IPAMAddresses(allocator, self.informers["pools"], self.node_labels)
         self.handlers = TimedHandlers(
             addresses,
@@ -352,11 +368,57 @@ class Agent:
         with self._sync_lock, self.metrics.dataplane_apply.time():
             log.debug("dataplane pass", extra={"reasons": sorted(reasons)})
             resync = "periodic-resync" in reasons
+            self._sync_tunnels()
             if self.policy is not None:
                 self._sync_policy(resync)
             if self.bgp is not None:
                 self._sync_bgp(resync)
             self._write_status()
+
+    def _sync_tunnels(self) -> None:
+        """Tunnel devices for encapsulating pools, and their facts on our Node."""
+        needed = needed_tunnels(IPPool.from_wire(o) for o in self._objects("pools"))
+        if not needed or self.allocator is None or not self.config.node_ip:
+            return
+        if "vxlan" in needed:
+            if self._vxlan_address is None:
+                self._vxlan_address = self.allocator.tunnel_address("vxlan")
+            mac = vxlan_mac(self.config.node_name)
+            spec = VxlanSpec(
+                self._vxlan_address,
+                self.config.node_ip.split("/")[0],
+                mac,
+                self.config.mtu - VXLAN_OVERHEAD,
+            )
+            changed = ensure_vxlan(iproute_factory(None), spec)
+            if changed:
+                log.info("VXLAN device %s: %s", spec.device, ", ".join(changed))
+            self._annotate_node(
+                {VXLAN_TUNNEL_ADDR: str(self._vxlan_address), VXLAN_TUNNEL_MAC: mac}
+            )
+        if "ipip" in needed and not self._ipip_failed:
+            try:
+                if self._ipip_address is None:
+                    self._ipip_address = self.allocator.tunnel_address("ipip")
+                ensure_ipip(
+                    iproute_factory(None), self._ipip_address, self.config.mtu - IPIP_OVERHEAD
+                )
+                self._annotate_node({IPIP_TUNNEL_ADDR: str(self._ipip_address)})
+            except NetlinkError as exc:
+                self._ipip_failed = True
+                log.error("cannot create tunl0 (is the ipip module available?): %s", exc)
+
+    def _annotate_node(self, annotations: dict[str, str]) -> None:
+        """Patch our Node only when the annotations differ from what the cache holds."""
+        for raw in self._objects("nodes"):
+            if raw["metadata"]["name"] == self.config.node_name:
+                current = raw["metadata"].get("annotations") or {}
+                if all(current.get(k) == v for k, v in annotations.items()):
+                    return
+        with contextlib.suppress(NotFound):
+            self.datastore.patch_raw(
+                kinds.NODE, self.config.node_name, {"metadata": {"annotations": annotations}}
+            )
 
     def _sync_policy(self, resync: bool) -> None:
         assert self.policy is not None
