@@ -1,0 +1,60 @@
+"""Pure parts of the agent's dataplane: which tunnels a node needs, the filter-table tree."""
+
+from __future__ import annotations
+
+from datastore.models import IPPool, IPPoolSpec, Meta
+from felix.policy_dataplane import FORWARD, FROM_DISPATCH, INPUT, TO_DISPATCH, render
+from felix.tunnels import needed_tunnels, vxlan_mac
+from policy import desired_state, parse_pod, parse_policy
+
+
+def _pool(**spec: object) -> IPPool:
+    return IPPool(metadata=Meta(name="p"), spec=IPPoolSpec(cidr="10.244.0.0/16", **spec))  # type: ignore[arg-type]
+
+
+def test_tunnels_follow_enabled_pools_only() -> None:
+    assert needed_tunnels([_pool()]) == set()
+    assert needed_tunnels([_pool(vxlan_mode="CrossSubnet")]) == {"vxlan"}
+    assert needed_tunnels([_pool(ipip_mode="Always"), _pool(vxlan_mode="Always")]) == {
+        "ipip",
+        "vxlan",
+    }
+    assert needed_tunnels([_pool(vxlan_mode="Always", disabled=True)]) == set()
+
+
+def test_vxlan_mac_is_stable_unicast_and_locally_administered() -> None:
+    mac = vxlan_mac("node1")
+    assert mac == vxlan_mac("node1") != vxlan_mac("node2")
+    first = int(mac.split(":")[0], 16)
+    assert first & 0x02 and not first & 0x01
+
+
+def _pod(name: str, ip: str, labels: dict[str, str]) -> dict[str, object]:
+    return {
+        "metadata": {"name": name, "namespace": "x", "labels": labels},
+        "spec": {"containers": [{"name": "c"}]},
+        "status": {"podIP": ip},
+    }
+
+
+def test_render_dispatches_known_endpoints_and_fails_closed_for_unknown_ones() -> None:
+    a = parse_pod(_pod("a", "10.244.0.1", {"app": "a"}))
+    b = parse_pod(_pod("b", "10.244.0.2", {"app": "b"}))
+    deny = parse_policy(
+        {
+            "metadata": {"name": "deny", "namespace": "x"},
+            "spec": {"podSelector": {"matchLabels": {"app": "a"}}},
+        }
+    )
+    local = {"caliaaaa": a, "calibbbb": b}
+    state = render(desired_state([deny], [a, b], [], local), local, "DROP")
+
+    from_wl = [r.args for r in state.chains[FROM_DISPATCH]]
+    assert ("-i", "caliaaaa", "-g", "cali-fw-caliaaaa") in from_wl
+    assert from_wl[-1][-2:] == ("-j", "DROP")  # an unknown cali interface is dropped
+    to_wl = [r.args for r in state.chains[TO_DISPATCH]]
+    assert ("-o", "calibbbb", "-g", "cali-tw-calibbbb") in to_wl
+    assert state.hooks["FORWARD"][0].args == ("-j", FORWARD)
+    assert state.hooks["INPUT"][0].args == ("-j", INPUT)
+    assert any("DROP" in r.args for r in state.chains[INPUT])  # endpoint-to-host action
+    assert "cali-tw-caliaaaa" in state.chains and "cali-fw-calibbbb" in state.chains
