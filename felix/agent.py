@@ -232,6 +232,7 @@ class Agent:
         self.metrics = Metrics()
         self.readiness = Readiness("datastore", "dataplane")
         self.stopping = threading.Event()
+        self._sync_lock = threading.Lock()
         self.loop = ReconcileLoop(self._sync, config.resync_interval_s, name="dataplane")
         self.informers: dict[str, Informer] = {}
         self.node_labels: dict[str, str] = {}
@@ -361,19 +362,31 @@ class Agent:
         self.loop.request(f"endpoint-removed:{endpoint.host_ifname}")
 
     # -- the dataplane pass -------------------------------------------------------------
-    _sync_lock = threading.Lock()
-
     def _sync(self, reasons: set[str]) -> None:
         """Recompute desired state from the caches and apply it (components plug in here)."""
         with self._sync_lock, self.metrics.dataplane_apply.time():
             log.debug("dataplane pass", extra={"reasons": sorted(reasons)})
             resync = "periodic-resync" in reasons
-            self._sync_tunnels()
+            # Policy failures propagate: an ADD must not succeed unprotected. Routing
+            # failures are retried by the loop and never fail a pod's ADD.
             if self.policy is not None:
                 self._sync_policy(resync)
+            self._best_effort(self._sync_tunnels, "tunnels")
             if self.bgp is not None:
-                self._sync_bgp(resync)
+                self._best_effort(lambda: self._sync_bgp(resync), "bgp")
             self._write_status()
+
+    def _best_effort(self, step: Callable[[], None], name: str) -> None:
+        condition = f"{name}-programmed"
+        try:
+            step()
+        except Exception:
+            self.metrics.sync_failures.inc()
+            log.exception("%s pass failed; retrying", name)
+            self.readiness.set(condition, False, f"{name} pass failed; see the agent log")
+            self.loop.request(f"retry-{name}")
+        else:
+            self.readiness.set(condition, True)
 
     def _sync_tunnels(self) -> None:
         """Tunnel devices for encapsulating pools, and their facts on our Node."""
