@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from datastore import kinds
 from lab import netns
 from lab.cluster import ClusterSpec, LabCluster
 
@@ -70,3 +71,22 @@ def test_three_node_mesh_routes_pod_traffic_by_blocks_learned_over_bgp(mesh3: La
     finally:
         listener.kill()
         listener.wait()
+
+
+def test_a_deleted_node_takes_its_routes_out_of_every_other_kernel(mesh3: LabCluster) -> None:
+    for n in mesh3.nodes:
+        mesh3.create_pod("default", f"pod-{n.name}", n.name)
+    assert _wait(lambda: all(len(_block_routes(mesh3, n.name)) == 2 for n in mesh3.nodes))
+    gone = mesh3.node("node3")
+    assert mesh3.lab is not None
+    agent = next(p for p in mesh3.lab.processes if p.name == f"tabby-node-{gone.name}")
+    agent.stop()  # the node goes away: its agent (and ExaBGP) stop ...
+    began = time.monotonic()
+    mesh3.datastore().delete_raw(kinds.NODE, gone.name)  # ... and it is deleted from the cluster
+    for node in ("node1", "node2"):
+        assert _wait(
+            lambda node=node: all(f"via {gone.ip}" not in r for r in _block_routes(mesh3, node))
+        ), node
+    elapsed = time.monotonic() - began
+    print(f"routes of a deleted node left both other kernels in {elapsed * 1000:.0f} ms")
+    assert all(len(_block_routes(mesh3, n)) == 1 for n in ("node1", "node2"))
