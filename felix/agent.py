@@ -50,6 +50,7 @@ from felix.cni_server import (
     PodKey,
 )
 from felix.dataplane.runner import SubprocessRunner
+from felix.events import post_pod_event
 from felix.health import HealthServer, Readiness
 from felix.loop import ReconcileLoop
 from felix.policy_dataplane import PolicyDataplane
@@ -205,9 +206,19 @@ class IPAMAddresses:
 
 
 class TimedHandlers(CNIHandlers):
-    """CNIHandlers that record each request's latency and outcome."""
+    """CNIHandlers that record each request's latency and report failed ADDs on the Pod."""
 
-    metrics: Metrics
+    def __init__(
+        self,
+        allocator: IPAMAddresses,
+        *,
+        metrics: Metrics,
+        report_failure: Callable[[str, str, str], None],
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(allocator, **kwargs)
+        self.metrics = metrics
+        self.report_failure = report_failure
 
     def handle(self, request: CNIRequest) -> dict[str, Any] | None:
         began = time.perf_counter()
@@ -216,6 +227,11 @@ class TimedHandlers(CNIHandlers):
             result = super().handle(request)
             outcome = "ok"
             return result
+        except Exception as exc:
+            namespace, pod = request.args.get("K8S_POD_NAMESPACE"), request.args.get("K8S_POD_NAME")
+            if request.command == "ADD" and namespace and pod:
+                self.report_failure(namespace, pod, getattr(exc, "msg", str(exc)))
+            raise
         finally:
             self.metrics.cni_latency.labels(request.command, outcome).observe(
                 time.perf_counter() - began
@@ -278,12 +294,13 @@ class Agent:
         addresses = IPAMAddresses(allocator, self.informers["pools"], self.node_labels)
         self.handlers = TimedHandlers(
             addresses,
+            metrics=self.metrics,
+            report_failure=self._report_add_failure,
             annotate=self._annotate_pod,
             on_endpoint_added=self._endpoint_added,
             on_endpoint_removed=self._endpoint_removed,
             default_mtu=self.config.mtu,
         )
-        self.handlers.metrics = self.metrics
         self.loop.start()
         self._sync({"startup"})
         self.readiness.set("dataplane", True)
@@ -352,6 +369,16 @@ class Agent:
             return False
         current = (raw["metadata"].get("annotations") or {}).get(ANNOTATION_CONTAINER_ID)
         return current in (None, pod.container_id)
+
+    def _report_add_failure(self, namespace: str, pod: str, message: str) -> None:
+        post_pod_event(
+            self.datastore,
+            namespace,
+            pod,
+            "FailedCreatePodNetwork",
+            f"tabby could not set up the pod network: {message}",
+            self.config.node_name,
+        )
 
     def _endpoint_added(self, endpoint: Endpoint) -> None:
         """ADD waits here: the endpoint is programmed before the pod gets its answer."""

@@ -6,9 +6,10 @@ import ipaddress
 import json
 import subprocess
 import sys
+import time
 
 from datastore import kinds
-from datastore.models import BlockAffinity, IPAMHandle
+from datastore.models import BlockAffinity, IPAMHandle, IPPool
 from lab import netns
 from tests.integration.agent.conftest import AgentNode, create_pod
 
@@ -75,3 +76,30 @@ def test_add_wires_the_pod_with_an_address_from_the_nodes_block_and_del_releases
         for h in ds.list(IPAMHandle)
     )
     assert agent_node.cni("DEL", "c0ffee01", pod_ns)[0] == 0  # idempotent
+
+
+def test_a_failed_add_is_reported_to_the_pod_owner_as_an_event(agent_node: AgentNode) -> None:
+    ds = agent_node.datastore
+    create_pod(ds, "default", "starved", agent_node.node.name)
+    for pool in ds.list(IPPool):
+        pool.spec.disabled = True  # no pool may serve: ADD must fail, and say so
+        ds.update(pool)
+    pod_ns = _pod_ns(agent_node, "starved")
+    deadline = time.monotonic() + 30
+    code, answer = agent_node.cni("ADD", "5ad0001", pod_ns, pod=("default", "starved"))
+    while code == 0 and time.monotonic() < deadline:  # the agent's cache may lag a moment
+        agent_node.cni("DEL", "5ad0001", pod_ns, pod=("default", "starved"))
+        time.sleep(0.5)
+        code, answer = agent_node.cni("ADD", "5ad0001", pod_ns, pod=("default", "starved"))
+    assert code != 0 and answer["code"] == 11 and "pool" in answer["msg"]
+
+    def events() -> list[dict[str, object]]:
+        items, _ = ds.list_raw(kinds.EVENT, "default")
+        return [e for e in items if e["involvedObject"]["name"] == "starved"]
+
+    while not events() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    event = events()[0]
+    assert event["reason"] == "FailedCreatePodNetwork" and event["type"] == "Warning"
+    assert "no IP pool can serve" in str(event["message"])
+    assert "cali" not in netns.ip(agent_node.node.netns, "link", "show")  # nothing half-wired
