@@ -23,6 +23,7 @@ SUBCOMMANDS: dict[str, str] = {
     "cni": "tabbyctl.cni:cni",
     "lab": "tabbyctl.lab:lab",
     "endpoints": "tabbyctl.cni:endpoints",
+    "diagnose": "tabbyctl.diagnose:diagnose",
 }
 
 
