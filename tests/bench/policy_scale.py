@@ -1,0 +1,640 @@
+"""NetworkPolicy at scale: apply latency, incremental bytes, and throughput cost.
+
+Standalone, as root: ``.venv/bin/python tests/bench/policy_scale.py``. It measures
+
+1. **Policy change → enforcement** on one node with 1,000 local pods and 500
+   NetworkPolicies. The world is synthetic and built in Python (pods spread
+   over 20 namespaces with app/tier/version labels and named container ports;
+   policies mixing pod selectors, namespace selectors, matchExpressions,
+   ipBlocks with excepts, numeric ports, port ranges and named ports; every
+   object goes through the real parsers). One fresh network namespace
+   (``tbt-<random>``) plays the node: the chains only name interfaces, so no
+   veths are needed. ``PolicyDataplane`` writes the full state through
+   ``SubprocessRunner(netns=...)``, then N incremental changes are made in
+   rotation (change one policy's port, relabel one pod so selector ipsets and
+   its endpoint chain change, add a policy, remove it again) and each
+   ``apply()`` is timed end to end (compile + render + diff + ipset/iptables
+   writes). Reported: p50 and p99 in ms (nearest-rank).
+2. **Bytes per incremental change versus a full write**: full = bytes of the
+   first apply into the empty namespace (every ipset and chain), also checked
+   by a forced rewrite (``resync`` after flushing the namespace's filter table
+   and ipsets) of the final state. ``incremental_bytes_ratio`` = mean bytes of
+   the incremental applies / full bytes.
+3. **Throughput cost of policy**: a real 2-node ``LabCluster`` (real agents,
+   BGP routes between node namespaces). A server pod on node2, a client pod on
+   node1; ``iperf3 -s`` in the server's pod namespace, ``iperf3 -c -t 5 -J``
+   in the client's. First with no policy at all; then 200 NetworkPolicies
+   that select the server (each allowing the client on port 5201 plus one
+   other port) are applied through the apiserver and awaited in node2's
+   ``iptables-save``; then runs alternate with and without them (the server's
+   ``role`` label deselects all 200, so the node compiles none, and selects
+   them again), 3 runs each, so load drift on a shared machine hits both
+   sides. ``throughput_ratio`` = median with / median without (the ratio of
+   means is printed too). Only a connection's first packet walks the policy
+   chains; the rest are accepted by the conntrack rule at the top of the
+   endpoint chain, as in Calico. The packets that entered a policy chain are
+   counted and printed to show it.
+
+Everything created (namespaces, the lab, iperf3) is removed at the end, also on
+failure or SIGTERM. The last line printed is exactly::
+
+    policy apply_p99_ms=X incremental_bytes_ratio=Y throughput_ratio=Z
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import ipaddress
+import json
+import math
+import os
+import random
+import secrets
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from felix.dataplane.backend import detect_backend  # noqa: E402
+from felix.dataplane.runner import SubprocessRunner  # noqa: E402
+from felix.policy_dataplane import PolicyDataplane, render  # noqa: E402
+from lab.cluster import ClusterSpec, LabCluster  # noqa: E402
+from policy import (  # noqa: E402
+    Namespace,
+    NetworkPolicy,
+    Pod,
+    desired_state,
+    parse_namespace,
+    parse_pod,
+    parse_policy,
+)
+from policy.naming import policy_chain_name  # noqa: E402
+
+N_NAMESPACES = 20
+APPS = [f"app{i:02d}" for i in range(25)]
+TIERS = ["web", "api", "db", "cache"]
+TEAMS = ["red", "green", "blue", "gold"]
+IPERF_PORT = 5201
+PROGRAMMED_TIMEOUT_S = 180.0
+
+Obj = dict[str, Any]
+
+
+# ---------------------------------------------------------------- the synthetic world
+
+
+def _ns_name(i: int) -> str:
+    return f"team-{i:02d}"
+
+
+def _iface(namespace: str, name: str) -> str:
+    return "cali" + hashlib.sha1(f"{namespace}.{name}".encode()).hexdigest()[:11]
+
+
+def namespace_obj(i: int) -> Obj:
+    labels = {"team": TEAMS[i % len(TEAMS)], "env": "prod" if i % 3 else "dev"}
+    return {"metadata": {"name": _ns_name(i), "labels": labels}}
+
+
+def pod_obj(i: int, rng: random.Random) -> Obj:
+    """Pod i: a namespace, labels, one /32 in 10.244/16, named ports on most pods."""
+    ports = [{"name": "http", "containerPort": 8080}]
+    if i % 3 == 0:
+        ports.append({"name": "metrics", "containerPort": 9090})
+    if i % 7 == 0:
+        ports.append({"name": "dns", "containerPort": 53, "protocol": "UDP"})
+    labels = {
+        "app": rng.choice(APPS),
+        "tier": rng.choice(TIERS),
+        "version": rng.choice(["v1", "v2"]),
+    }
+    ip = ipaddress.IPv4Address("10.244.0.0") + 2 + i
+    return {
+        "metadata": {
+            "name": f"pod-{i:04d}",
+            "namespace": _ns_name(i % N_NAMESPACES),
+            "labels": labels,
+        },
+        "spec": {"containers": [{"name": "main", "ports": ports}]},
+        "status": {"phase": "Running", "podIP": str(ip), "podIPs": [{"ip": str(ip)}]},
+    }
+
+
+def policy_obj(i: int, port_bump: int = 0) -> Obj:
+    """Policy i: one of six shapes, so the set mixes every kind of peer and port.
+
+    Deterministic in ``i``: the same i with another ``port_bump`` differs only in
+    its first port.
+    """
+    rng = random.Random(100_000 + i)
+    namespace = _ns_name(i % N_NAMESPACES)
+    app = rng.choice(APPS)
+    port = 1000 + (i * 7) % 5000 + port_bump
+    shape = i % 6
+    spec: Obj
+    if shape == 0:  # same-namespace pods by label, numeric port
+        spec = {
+            "podSelector": {"matchLabels": {"app": app}},
+            "ingress": [
+                {
+                    "from": [{"podSelector": {"matchLabels": {"tier": rng.choice(TIERS)}}}],
+                    "ports": [{"port": port}],
+                }
+            ],
+        }
+    elif shape == 1:  # other namespaces by label, named port
+        spec = {
+            "podSelector": {"matchLabels": {"tier": rng.choice(TIERS)}},
+            "ingress": [
+                {
+                    "from": [
+                        {
+                            "namespaceSelector": {"matchLabels": {"team": rng.choice(TEAMS)}},
+                            "podSelector": {"matchLabels": {"tier": "web"}},
+                        }
+                    ],
+                    "ports": [{"port": "http"}, {"port": port}],
+                }
+            ],
+        }
+    elif shape == 2:  # ipBlock with excepts, two protocols
+        spec = {
+            "podSelector": {"matchLabels": {"app": app}},
+            "ingress": [
+                {
+                    "from": [
+                        {
+                            "ipBlock": {
+                                "cidr": f"10.{i % 200}.0.0/16",
+                                "except": [f"10.{i % 200}.1.0/24"],
+                            }
+                        },
+                        {"ipBlock": {"cidr": f"192.168.{i % 250}.0/24"}},
+                    ],
+                    "ports": [{"port": port}, {"protocol": "UDP", "port": 53}],
+                }
+            ],
+        }
+    elif shape == 3:  # egress to prod namespaces, port range
+        spec = {
+            "podSelector": {"matchLabels": {"app": app}},
+            "policyTypes": ["Egress"],
+            "egress": [
+                {
+                    "to": [{"namespaceSelector": {"matchLabels": {"env": "prod"}}}],
+                    "ports": [{"port": port, "endPort": port + 100}],
+                },
+                {"ports": [{"protocol": "UDP", "port": 53}]},
+            ],
+        }
+    elif shape == 4:  # matchExpressions, both directions, named ports
+        spec = {
+            "podSelector": {
+                "matchExpressions": [
+                    {"key": "tier", "operator": "In", "values": ["web", "api"]},
+                    {"key": "app", "operator": "In", "values": [app, rng.choice(APPS)]},
+                ]
+            },
+            "policyTypes": ["Ingress", "Egress"],
+            "ingress": [
+                {
+                    "from": [{"podSelector": {"matchLabels": {"app": rng.choice(APPS)}}}],
+                    "ports": [{"port": "metrics"}],
+                }
+            ],
+            "egress": [
+                {
+                    "to": [{"podSelector": {"matchLabels": {"tier": "db"}}}],
+                    "ports": [{"port": port}],
+                }
+            ],
+        }
+    else:  # all namespaces + version, and a default-deny-ish narrow allow
+        spec = {
+            "podSelector": {"matchLabels": {"app": app, "version": rng.choice(["v1", "v2"])}},
+            "ingress": [
+                {
+                    "from": [
+                        {
+                            "namespaceSelector": {},
+                            "podSelector": {"matchLabels": {"app": rng.choice(APPS)}},
+                        },
+                        {"ipBlock": {"cidr": "0.0.0.0/0", "except": ["10.0.0.0/8"]}},
+                    ],
+                    "ports": [{"port": port}, {"port": "http"}],
+                }
+            ],
+        }
+    return {"metadata": {"name": f"pol-{i:03d}", "namespace": namespace}, "spec": spec}
+
+
+@dataclass
+class World:
+    """Parsed objects of one node; changed in place by the incremental steps."""
+
+    namespaces: list[Namespace]
+    pods: dict[str, Pod]
+    pod_objs: dict[str, Obj]
+    policies: dict[str, NetworkPolicy]
+    local: dict[str, Pod] = field(default_factory=dict)
+    added: list[str] = field(default_factory=list)
+
+    @classmethod
+    def build(cls, n_pods: int, n_policies: int, seed: int = 7) -> World:
+        rng = random.Random(seed)
+        namespaces = [parse_namespace(namespace_obj(i)) for i in range(N_NAMESPACES)]
+        pod_objs = {}
+        for i in range(n_pods):
+            obj = pod_obj(i, rng)
+            pod_objs[f"{obj['metadata']['namespace']}/{obj['metadata']['name']}"] = obj
+        pods = {key: parse_pod(obj) for key, obj in pod_objs.items()}
+        policies = {}
+        for i in range(n_policies):
+            policy = parse_policy(policy_obj(i))
+            policies[policy.key] = policy
+        world = cls(namespaces, pods, pod_objs, policies)
+        world.local = {_iface(p.namespace, p.name): p for p in pods.values()}
+        return world
+
+    def set_pod(self, key: str, obj: Obj) -> None:
+        pod = parse_pod(obj)
+        self.pod_objs[key], self.pods[key] = obj, pod
+        self.local[_iface(pod.namespace, pod.name)] = pod
+
+
+def apply(dp: PolicyDataplane, world: World, *, resync: bool = False) -> tuple[float, int]:
+    """One timed apply (compute + write): seconds and bytes written."""
+    start = time.perf_counter()
+    dp.apply(
+        world.policies.values(),
+        world.pods.values(),
+        world.namespaces,
+        world.local,
+        resync=resync,
+    )
+    return time.perf_counter() - start, dp.last_bytes
+
+
+def _selects_local(world: World, policy: NetworkPolicy) -> bool:
+    return any(policy.selects(pod) for pod in world.local.values())
+
+
+def _selecting(world: World, pod: Pod) -> set[str]:
+    return {key for key, policy in world.policies.items() if policy.selects(pod)}
+
+
+def change(world: World, step: int, rng: random.Random, n_policies: int) -> str:
+    """One incremental change, four kinds in rotation; returns what it did.
+
+    Every change is one the node must act on (a policy that selects a local pod,
+    a relabel that changes which policies select the pod), so no step is a free
+    no-op that would flatter the figures.
+    """
+    kind = step % 4
+    if kind == 0:  # one policy's port changes
+        while True:
+            i = rng.randrange(n_policies)
+            policy = parse_policy(policy_obj(i, port_bump=step + 1))
+            if _selects_local(world, policy):
+                break
+        world.policies[policy.key] = policy
+        return f"port of {policy.key}"
+    if kind == 1:  # one pod gets other app/tier labels: ipsets + its endpoint chains
+        while True:
+            key = rng.choice(sorted(world.pod_objs))
+            obj = json.loads(json.dumps(world.pod_objs[key]))
+            obj["metadata"]["labels"]["app"] = rng.choice(APPS)
+            obj["metadata"]["labels"]["tier"] = rng.choice(TIERS)
+            if _selecting(world, parse_pod(obj)) != _selecting(world, world.pods[key]):
+                break
+        world.set_pod(key, obj)
+        return f"labels of {key}"
+    if kind == 2:  # a new policy
+        candidate = n_policies + step * 101
+        while True:
+            policy = parse_policy(policy_obj(candidate))
+            if _selects_local(world, policy):
+                break
+            candidate += 1
+        world.policies[policy.key] = policy
+        world.added.append(policy.key)
+        return f"add {policy.key}"
+    key = world.added.pop()
+    del world.policies[key]
+    return f"remove {key}"
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100)."""
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return ordered[rank - 1]
+
+
+@contextlib.contextmanager
+def fresh_netns(label: str) -> Iterator[str]:
+    name = f"tbt-{secrets.token_hex(3)}-{label}"
+    subprocess.run(["ip", "netns", "add", name], check=True, capture_output=True, timeout=30)
+    try:
+        subprocess.run(["ip", "-n", name, "link", "set", "lo", "up"], check=True, timeout=30)
+        yield name
+    finally:
+        subprocess.run(["ip", "netns", "del", name], check=False, capture_output=True, timeout=30)
+
+
+def count_kernel(ns: str, backend_save: list[str]) -> tuple[int, int, int]:
+    """(chains, rules, ipset members) Tabby has in namespace ns."""
+    save = subprocess.run(
+        ["ip", "netns", "exec", ns, *backend_save, "-t", "filter"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
+    chains = sum(1 for line in save.splitlines() if line.startswith(":cali-"))
+    rules = sum(1 for line in save.splitlines() if line.startswith("-A cali-"))
+    sets = subprocess.run(
+        ["ip", "netns", "exec", ns, "ipset", "save"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
+    members = sum(1 for line in sets.splitlines() if line.startswith("add cali4"))
+    return chains, rules, members
+
+
+def bench_apply(n_pods: int, n_policies: int, n_changes: int) -> tuple[float, float]:
+    """Parts 1 and 2: returns (apply p99 ms, incremental bytes ratio)."""
+    t0 = time.perf_counter()
+    world = World.build(n_pods, n_policies)
+    print(
+        f"world: {len(world.pods)} local pods in {N_NAMESPACES} namespaces, "
+        f"{len(world.policies)} policies (built and parsed in {time.perf_counter() - t0:.1f} s)"
+    )
+    with fresh_netns("node") as ns:
+        dp = PolicyDataplane(SubprocessRunner(netns=ns), "auto")
+        print(f"node namespace {ns}, iptables backend {dp.backend.name}")
+        full_s, full_bytes = apply(dp, world)
+        chains, rules, members = count_kernel(ns, list(dp.backend.save))
+        print(
+            f"full apply: {full_s * 1000:.0f} ms, {full_bytes} bytes "
+            f"({chains} chains, {rules} rules, {members} ipset members)"
+        )
+        noop_s, noop_bytes = apply(dp, world)
+        print(f"no-change apply: {noop_s * 1000:.0f} ms, {noop_bytes} bytes")
+
+        rng = random.Random(99)
+        times: list[float] = []
+        sizes: list[int] = []
+        for step in range(n_changes):
+            what = change(world, step, rng, n_policies)
+            seconds, written = apply(dp, world)
+            times.append(seconds)
+            sizes.append(written)
+            print(f"  change {step + 1:2d}: {seconds * 1000:7.0f} ms {written:7d} B  {what}")
+
+        # Compute alone (no kernel), to split the apply time: compile, then render.
+        compile_s, render_s = [], []
+        for _ in range(3):
+            start = time.perf_counter()
+            state = desired_state(
+                world.policies.values(), world.pods.values(), world.namespaces, world.local
+            )
+            middle = time.perf_counter()
+            render(state, world.local, "ACCEPT")
+            compile_s.append(middle - start)
+            render_s.append(time.perf_counter() - middle)
+
+        # A forced full rewrite of the final state: flush what we wrote, then resync.
+        for argv in (
+            ["iptables-nft" if dp.backend.name == "nft" else "iptables-legacy", "-F"],
+            ["iptables-nft" if dp.backend.name == "nft" else "iptables-legacy", "-X"],
+            ["ipset", "destroy"],
+        ):
+            subprocess.run(["ip", "netns", "exec", ns, *argv], check=True, timeout=60)
+        rewrite_s, rewrite_bytes = apply(dp, world, resync=True)
+        print(f"forced full rewrite (flush + resync): {rewrite_s * 1000:.0f} ms, {rewrite_bytes} B")
+
+    p50, p99 = percentile(times, 50) * 1000, percentile(times, 99) * 1000
+    mean_bytes = statistics.fmean(sizes)
+    ratio = mean_bytes / full_bytes
+    print(
+        f"incremental apply (n={len(times)}): p50 {p50:.0f} ms, p99 {p99:.0f} ms, "
+        f"max {max(times) * 1000:.0f} ms"
+    )
+    print(
+        f"  of which compute (no kernel, median of 3): desired_state "
+        f"{statistics.median(compile_s) * 1000:.0f} ms + render "
+        f"{statistics.median(render_s) * 1000:.0f} ms; the rest is diff + ipset/iptables writes"
+    )
+    print(
+        f"incremental bytes: mean {mean_bytes:.0f} B, max {max(sizes)} B; "
+        f"full {full_bytes} B (rewrite {rewrite_bytes} B); ratio {ratio:.4f}"
+    )
+    return p99, ratio
+
+
+# ---------------------------------------------------------------- throughput
+
+
+def iperf(cluster: LabCluster, client: str, server_ip: str, seconds: int) -> float:
+    """One iperf3 TCP run from the client pod; received bits per second."""
+    argv = ["iperf3", "-c", server_ip, "-p", str(IPERF_PORT), "-t", str(seconds), "-J"]
+    proc = cluster.exec(client, argv, timeout=seconds + 30)
+    try:
+        report = json.loads(proc.stdout)
+    except json.JSONDecodeError:
+        raise RuntimeError(
+            f"iperf3 gave no JSON: {proc.stdout[-500:]} {proc.stderr[-500:]}"
+        ) from None
+    if "error" in report:
+        raise RuntimeError(f"iperf3: {report['error']}")
+    return float(report["end"]["sum_received"]["bits_per_second"])
+
+
+def filter_save(node_ns: str) -> list[str]:
+    """The node's filter table with counters, through the backend the agent uses."""
+    backend = detect_backend(SubprocessRunner(netns=node_ns), "auto")
+    save = subprocess.run(
+        ["ip", "netns", "exec", node_ns, *backend.save_argv("filter"), "-c"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    ).stdout
+    return save.splitlines()
+
+
+def wait_chains(node_ns: str, chains: set[str], *, present: bool, timeout: float) -> float:
+    """Poll until every chain exists and is jumped to (or none is left); seconds waited."""
+    start = time.monotonic()
+    while True:
+        lines = filter_save(node_ns)
+        have = {line[1:].split()[0] for line in lines if line.startswith(":cali-")}
+        jumps = sum(1 for line in lines if "-A cali-tw-" in line and " cali-pi-" in line)
+        if present and chains <= have and jumps >= len(chains):
+            return time.monotonic() - start
+        if not present and not chains & have:
+            return time.monotonic() - start
+        if time.monotonic() - start > timeout:
+            state = "programmed" if present else "removed"
+            raise RuntimeError(f"{len(chains)} policy chains not all {state} in {timeout} s")
+        time.sleep(0.5)
+
+
+def policy_chain_packets(node_ns: str) -> int:
+    """Packets that entered a policy chain from an endpoint chain (counter sum)."""
+    total = 0
+    for line in filter_save(node_ns):
+        if line.startswith("[") and "-A cali-tw-" in line and " cali-pi-" in line:
+            total += int(line[1:].split(":", 1)[0])
+    return total
+
+
+def _gbits(values: list[float]) -> str:
+    return ", ".join(f"{v / 1e9:.2f}" for v in values) + " Gbit/s"
+
+
+def server_policy(i: int) -> Obj:
+    return {
+        "metadata": {"name": f"allow-client-{i:03d}", "namespace": "bench"},
+        "spec": {
+            "podSelector": {"matchLabels": {"role": "server"}},
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {
+                    "from": [{"podSelector": {"matchLabels": {"role": "client"}}}],
+                    "ports": [{"port": IPERF_PORT}, {"port": 10000 + i}],
+                }
+            ],
+        },
+    }
+
+
+def bench_throughput(work: Path, n_policies: int, seconds: int, runs: int) -> float:
+    """Part 3: returns with/without throughput ratio."""
+    start = time.monotonic()
+    cluster = LabCluster.up(work / "lab", ClusterSpec(nodes=2))
+    server_proc: subprocess.Popen[bytes] | None = None
+    try:
+        print(f"lab up in {time.monotonic() - start:.0f} s")
+        cluster.create_namespace("bench")
+        server = cluster.create_pod("bench", "server", "node2", {"role": "server"})
+        client = cluster.create_pod("bench", "client", "node1", {"role": "client"})
+        if not cluster.can_reach(client.key, server.key, timeout_s=2, attempts=5):
+            raise RuntimeError("client cannot reach server before any policy")
+        server_proc = subprocess.Popen(
+            ["ip", "netns", "exec", server.netns, "iperf3", "-s", "-p", str(IPERF_PORT)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        time.sleep(1.0)
+        node_ns = cluster.node("node2").netns
+        without = [iperf(cluster, client.key, server.ip, seconds)]
+        print(f"without policy (none exists yet): {_gbits(without)}")
+
+        names = [f"allow-client-{i:03d}" for i in range(n_policies)]
+        chains = {policy_chain_name(f"bench/{name}", "ingress") for name in names}
+        applied = time.monotonic()
+        for i in range(n_policies):
+            cluster.apply_policy(server_policy(i))
+        api_s = time.monotonic() - applied
+        waited = wait_chains(node_ns, chains, present=True, timeout=PROGRAMMED_TIMEOUT_S)
+        print(
+            f"{n_policies} policies written in {api_s:.1f} s, all programmed on node2 "
+            f"{waited:.1f} s later"
+        )
+        # Alternate so that drift in the machine's load lands on both sides: the
+        # server's role label switches the 200 policies off (no local pod selected,
+        # so none is compiled: the node is as with no policy) and on again.
+        with_policy: list[float] = []
+        walked = 0
+        for round_ in range(runs):
+            if round_:
+                cluster.label_pod("bench", "server", {"role": "server"})
+                wait_chains(node_ns, chains, present=True, timeout=PROGRAMMED_TIMEOUT_S)
+            before = policy_chain_packets(node_ns)
+            with_policy.append(iperf(cluster, client.key, server.ip, seconds))
+            walked += policy_chain_packets(node_ns) - before
+            if round_ < runs - 1:
+                cluster.label_pod("bench", "server", {"role": "idle"})
+                wait_chains(node_ns, chains, present=False, timeout=PROGRAMMED_TIMEOUT_S)
+                without.append(iperf(cluster, client.key, server.ip, seconds))
+        print(f"with {n_policies} policies: {_gbits(with_policy)}")
+        print(f"without (policies deselected): {_gbits(without[1:])}")
+        print(f"  packets that entered a policy chain during the runs with policy: {walked}")
+    finally:
+        if server_proc is not None:
+            server_proc.terminate()
+            try:
+                server_proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                server_proc.kill()
+                server_proc.wait(timeout=10)
+        cluster.down()
+        lab_id = cluster.lab.lab_id if cluster.lab else "?"
+        left = [n for n in os.listdir("/run/netns") if n.startswith(f"tlab-{lab_id}-")]
+        print(f"lab {lab_id} down; namespaces left: {len(left)}")
+    mean_ratio = statistics.fmean(with_policy) / statistics.fmean(without)
+    ratio = statistics.median(with_policy) / statistics.median(without)
+    print(
+        f"throughput median: without {statistics.median(without) / 1e9:.2f} Gbit/s, "
+        f"with {statistics.median(with_policy) / 1e9:.2f} Gbit/s, ratio {ratio:.3f} "
+        f"(ratio of means {mean_ratio:.3f})"
+    )
+    return ratio
+
+
+def _terminate(signum: int, _frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pods", type=int, default=1000, help="local pods on the node")
+    parser.add_argument("--policies", type=int, default=500)
+    parser.add_argument("--changes", type=int, default=30, help="incremental changes timed")
+    parser.add_argument("--throughput-policies", type=int, default=200)
+    parser.add_argument("--iperf-seconds", type=int, default=5)
+    parser.add_argument("--iperf-runs", type=int, default=3, help="runs per condition")
+    parser.add_argument(
+        "--only", choices=("all", "apply", "throughput"), default="all", help="for development"
+    )
+    opts = parser.parse_args()
+    if os.geteuid() != 0:
+        print("needs root (network namespaces)", file=sys.stderr)
+        return 2
+    signal.signal(signal.SIGTERM, _terminate)
+    started = time.monotonic()
+    p99 = bytes_ratio = throughput = math.nan
+    if opts.only in ("all", "apply"):
+        p99, bytes_ratio = bench_apply(opts.pods, opts.policies, opts.changes)
+    if opts.only in ("all", "throughput"):
+        with tempfile.TemporaryDirectory(prefix="tbt-bench-") as work:
+            throughput = bench_throughput(
+                Path(work), opts.throughput_policies, opts.iperf_seconds, opts.iperf_runs
+            )
+    print(f"total {time.monotonic() - started:.0f} s")
+    print(
+        f"policy apply_p99_ms={p99:.0f} incremental_bytes_ratio={bytes_ratio:.4f}"
+        f" throughput_ratio={throughput:.3f}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
