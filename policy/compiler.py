@@ -53,6 +53,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from policy.ipsets import IPSetSpec, NamedPortSet, NetSet, SelectorSet, ipset_members
 from policy.model import (
@@ -222,6 +223,12 @@ def _add(sets: dict[str, IPSetSpec], spec: IPSetSpec) -> str:
 # ---------------------------------------------------------------- endpoint chains
 
 
+@lru_cache(maxsize=8192)
+def _compile_cached(policy: NetworkPolicy, family: int) -> CompiledPolicy:
+    """Policies are immutable values: an unchanged policy is compiled once."""
+    return compile_policy(policy, family)
+
+
 def policies_for(
     pod: Pod, policies: Iterable[NetworkPolicy], direction: str
 ) -> list[NetworkPolicy]:
@@ -286,18 +293,23 @@ def desired_state(
     Only policies that apply to some local endpoint are compiled, and only the
     sets their chains use are listed, so a node carries what it needs.
     """
-    policy_list = list(policies)
+    # A policy only ever selects pods of its own namespace: index once, so a pod is
+    # matched against its namespace's policies, not the cluster's.
+    by_namespace: dict[str, list[NetworkPolicy]] = {}
+    for policy in policies:
+        by_namespace.setdefault(policy.namespace, []).append(policy)
     chains: dict[str, Chain] = {}
     specs: dict[str, IPSetSpec] = {}
     used: dict[str, NetworkPolicy] = {}
     for iface, pod in sorted(local_endpoints.items()):
-        eps = endpoint_chains(pod, policy_list, iface, family)
+        candidates = by_namespace.get(pod.namespace, [])
+        eps = endpoint_chains(pod, candidates, iface, family)
         chains[eps.to_workload.name] = eps.to_workload
         chains[eps.from_workload.name] = eps.from_workload
         for direction in ("ingress", "egress"):
-            used.update((p.key, p) for p in policies_for(pod, policy_list, direction))
+            used.update((p.key, p) for p in policies_for(pod, candidates, direction))
     for key in sorted(used):
-        compiled = compile_policy(used[key], family)
+        compiled = _compile_cached(used[key], family)
         chains.update((c.name, c) for c in compiled.chains)
         specs.update((s.name, s) for s in compiled.ipsets)
     return DesiredState(chains, specs, ipset_members(specs.values(), pods, namespaces))

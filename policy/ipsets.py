@@ -134,7 +134,19 @@ def ipset_members(
     """Set name → members, for every spec, given all pods and namespaces."""
     pod_list = list(pods)
     ns_labels = {ns.name: ns.labels for ns in namespaces}
+    by_namespace: dict[str, list[Pod]] = {}
+    for pod in pod_list:
+        by_namespace.setdefault(pod.namespace, []).append(pod)
+
+    def candidates(spec: IPSetSpec) -> list[Pod]:
+        """Only the pods a set could contain: one namespace's, when the set is bound to one."""
+        if isinstance(spec, NetSet):
+            return []
+        if spec.selection.namespace is not None:
+            return by_namespace.get(spec.selection.namespace, [])
+        return pod_list
+
     return {
-        spec.name: frozenset(spec.members(pod_list, ns_labels))
+        spec.name: frozenset(spec.members(candidates(spec), ns_labels))
         for spec in sorted(set(specs), key=lambda s: s.name)
     }
