@@ -379,7 +379,8 @@ class Speaker:
             return
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp")
+            # One temp file per writing thread: several threads report peer changes.
+            tmp = path.with_suffix(f".{threading.get_ident()}.tmp")
             tmp.write_text(json.dumps(self.status_document(), indent=1))
             tmp.replace(path)
         except OSError as err:

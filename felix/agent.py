@@ -605,11 +605,11 @@ class Agent:
         self.readiness.shutting_down = True
         if self.cni is not None:
             self.cni.stop()
+        for informer in self.informers.values():
+            informer.stop(timeout=0)  # signal all first; watches blocked in a read are daemons
         self.loop.stop()
         if self.bgp is not None:
             self.bgp.stop()  # leaves learned routes in the kernel: graceful restart
-        for informer in self.informers.values():
-            informer.stop()
         if self.health is not None:
             self.health.stop()
 

@@ -102,7 +102,7 @@ class PidRegistry:
 
     def record(self, process: ManagedProcess) -> None:
         data = self._read()
-        data[process.name] = {"pid": process.pid, "cmdline": _cmdline_of(process.pid or 0)}
+        data[process.name] = {"pid": process.pid, "argv": " ".join(process.argv)}
         self.path.write_text(json.dumps(data, indent=1))
 
     def forget(self, name: str) -> None:
@@ -115,11 +115,18 @@ class PidRegistry:
         killed = []
         for entry in self._read().values():
             pid = int(entry.get("pid") or 0)  # type: ignore[call-overload]
-            if pid > 0 and entry.get("cmdline") and _cmdline_of(pid) == entry["cmdline"]:
+            if pid > 0 and _runs(pid, str(entry.get("argv", ""))):
                 _kill_and_wait(pid)
                 killed.append(pid)
         self.path.unlink(missing_ok=True)
         return killed
+
+
+def _runs(pid: int, argv: str) -> bool:
+    """Whether pid still runs what we started: the same command line, or the command a
+    wrapper (`ip netns exec NS ...`, `nsenter ...`) replaced itself with."""
+    current = _cmdline_of(pid)
+    return bool(current and argv) and (current == argv or argv.endswith(" " + current))
 
 
 def _cmdline_of(pid: int) -> str:
