@@ -43,11 +43,13 @@ from felix import logs
 from felix.cni_server import (
     ANNOTATION_CONTAINER_ID,
     ANNOTATION_POD_IP,
+    AddJournal,
     CNIHandlers,
     CNIRequest,
     CNIServer,
     Endpoint,
     PodKey,
+    recover_after_restart,
 )
 from felix.dataplane.runner import SubprocessRunner
 from felix.events import post_pod_event
@@ -179,6 +181,11 @@ class IPAMAddresses:
             self._known.add(handle_id)
         return address
 
+    def lookup(self, handle_id: str) -> IPv4Address | None:
+        """The handle's address, without allocating (for recovery after a restart)."""
+        addresses = self.allocator.addresses_of(handle_id)
+        return addresses[0] if addresses else None
+
     def release(self, handle_id: str) -> None:
         self.allocator.release_by_handle(handle_id)
         with self._lock:
@@ -277,7 +284,6 @@ class Agent:
             self.policy = PolicyDataplane(
                 SubprocessRunner(), self.config.iptables_backend, self.config.endpoint_to_host
             )
-            self._recover_endpoints()
         if self.config.bgp:
             self.bgp = BGPController(
                 self.config.node_name,
@@ -300,7 +306,13 @@ class Agent:
             on_endpoint_added=self._endpoint_added,
             on_endpoint_removed=self._endpoint_removed,
             default_mtu=self.config.mtu,
+            journal=AddJournal(self.config.run_dir / "cni-inflight"),
         )
+        # Before any pass or CNI call: undo what a killed agent left half done, then
+        # re-adopt the pods that are fully wired so their policy is programmed again.
+        recover_after_restart(self.handlers)
+        if self.policy is not None:
+            self._recover_endpoints()
         self.loop.start()
         self._sync({"startup"})
         self.readiness.set("dataplane", True)

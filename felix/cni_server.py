@@ -28,11 +28,21 @@ Contract per command:
 
 Calls for one container id are serialized; different containers run in
 parallel (one thread per connection).
+
+**Restart after a crash** (SIGKILL, OOM): an ADD cut off mid-way cannot roll
+itself back, and its caller saw a failure. With an :class:`AddJournal`, every
+ADD leaves a marker for as long as it runs (removed just before the answer is
+sent), and :func:`recover_after_restart`, run at start-up before the socket
+serves, undoes every ADD still marked, releases this node's handles whose
+address has no pod route on a ``cali`` veth, and deletes ``cali`` veths that
+route no allocated address. What a caller saw succeed is never touched.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
+import hashlib
 import ipaddress
 import json
 import logging
@@ -44,8 +54,11 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
+
+from pyroute2.netlink.exceptions import NetlinkError
 
 from cni import results
 from cni.shim import (
@@ -65,6 +78,7 @@ from cni.shim import (
     version_result,
 )
 from felix import wiring
+from felix.constants import HOST_IFACE_PREFIX, TABBY_POD_ROUTE_PROTO
 
 log = logging.getLogger(__name__)
 
@@ -240,6 +254,82 @@ class CNIRequest:
         return f"{self.network}.{self.container_id}"
 
 
+@dataclass(frozen=True)
+class PendingAdd:
+    """An ADD that had started and not yet answered when its marker was written."""
+
+    network: str
+    container_id: str
+    ifname: str
+    netns: str
+    namespace: str = ""  # the Pod, whose podIP annotation the ADD may have set
+    pod: str = ""
+
+    @property
+    def handle_id(self) -> str:
+        return f"{self.network}.{self.container_id}"
+
+
+class AddJournal:
+    """One marker file per ADD in flight, so a restarted agent knows what to undo.
+
+    A SIGKILLed agent cannot roll back the ADDs it was serving, and their callers
+    were told they failed (the connection closed without an answer). The kernel
+    and IPAM alone cannot tell such a fully wired but unanswered pod from one
+    that succeeded, so the marker is the only witness. It is removed *before*
+    the answer is written: a kill between the two leaves a pod that is wired
+    but reported failed (the runtime's DEL after a failed ADD removes it), never
+    one reported wired that recovery then tears down. No fsync: the journal
+    protects against the agent dying, not the machine (run dirs are tmpfs).
+    """
+
+    SUFFIX = ".add"
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+
+    def _path(self, network: str, container_id: str, ifname: str) -> Path:
+        key = hashlib.sha1(f"{network}\0{container_id}\0{ifname}".encode()).hexdigest()
+        return self.directory / f"{key}{self.SUFFIX}"
+
+    def begin(self, request: CNIRequest) -> None:
+        """Record the ADD before it touches IPAM or the kernel (atomic rename)."""
+        entry = PendingAdd(
+            request.network,
+            request.container_id,
+            request.ifname,
+            request.netns,
+            request.args.get("K8S_POD_NAMESPACE", ""),
+            request.args.get("K8S_POD_NAME", ""),
+        )
+        path = self._path(entry.network, entry.container_id, entry.ifname)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(entry.__dict__))
+        tmp.replace(path)
+
+    def end(self, request: CNIRequest) -> None:
+        """The ADD is answered (or rolled back by itself): nothing left to undo."""
+        self._path(request.network, request.container_id, request.ifname).unlink(missing_ok=True)
+
+    def pending(self) -> list[PendingAdd]:
+        """Every marked ADD; a half-written temp file (killed mid-write) is dropped."""
+        for tmp in self.directory.glob("*.tmp"):
+            tmp.unlink(missing_ok=True)
+        found = []
+        for path in sorted(self.directory.glob(f"*{self.SUFFIX}")):
+            try:
+                found.append(PendingAdd(**json.loads(path.read_text())))
+            except (OSError, ValueError, TypeError):
+                log.warning("dropping unreadable ADD marker %s", path)
+                path.unlink(missing_ok=True)
+        return found
+
+    def forget(self, entry: PendingAdd) -> None:
+        """Drop a marker once its ADD has been undone."""
+        self._path(entry.network, entry.container_id, entry.ifname).unlink(missing_ok=True)
+
+
 def parse_request(message: object) -> CNIRequest:
     """Re-validate what the shim sent; the socket is root-only but not trusted blindly."""
     if not isinstance(message, dict):
@@ -274,8 +364,10 @@ class CNIHandlers:
         on_endpoint_removed: Callable[[Endpoint], None] = _noop_endpoint,
         node_netns: str | None = None,
         default_mtu: int = DEFAULT_MTU,
+        journal: AddJournal | None = None,
     ) -> None:
         self.allocator = allocator
+        self.journal = journal
         self.annotate = annotate
         self.on_endpoint_added = on_endpoint_added
         self.on_endpoint_removed = on_endpoint_removed
@@ -379,10 +471,23 @@ class CNIHandlers:
             raise CNIError(ERR_INTERNAL, f"could not wire {ep.ifname}", str(exc)) from None
 
     def add(self, request: CNIRequest) -> dict[str, Any]:
-        """Assign, wire, annotate, register, wait for the dataplane hook, answer."""
+        """Assign, wire, annotate, register, wait for the dataplane hook, answer.
+
+        With a journal, the ADD is marked from before the address is assigned
+        until its answer is ready, so a restart undoes it if the agent dies now.
+        """
         reason = self.not_ready_reason()
         if reason:
             raise CNIError(ERR_TRY_AGAIN_LATER, reason)
+        if self.journal is None:
+            return self._add(request)
+        self.journal.begin(request)
+        try:
+            return self._add(request)
+        finally:
+            self.journal.end(request)
+
+    def _add(self, request: CNIRequest) -> dict[str, Any]:
         started = time.monotonic()
         address = self._assign(request)
         ep = self._endpoint(request, address)
@@ -575,6 +680,136 @@ class CNIHandlers:
             raise CNIError(
                 ERR_INTERNAL, f"GC failed for {len(errors)} attachment(s)", "; ".join(errors)
             )
+
+
+# --- recovery after a restart ---------------------------------------------------------
+
+
+@dataclass
+class RecoveryReport:
+    """What :func:`recover_after_restart` found and did (logged; tests read it)."""
+
+    rolled_back: list[str] = field(default_factory=list)  # handles of unanswered ADDs
+    released: list[str] = field(default_factory=list)  # handles with no routed veth
+    kept: list[str] = field(default_factory=list)  # handles of wired pods
+    removed_links: list[str] = field(default_factory=list)  # orphan cali veths
+    errors: list[str] = field(default_factory=list)
+
+
+def _pod_routes(node_netns: str | None) -> tuple[dict[str, str], set[str]]:
+    """(address -> cali veth it is routed through, every cali veth) in the node.
+
+    Only Tabby's own routes count (protocol 80, /32, out of a ``cali`` veth):
+    wiring installs that route last, so its presence means ``wire`` finished.
+    """
+    routed: dict[str, str] = {}
+    with wiring._ipr(node_netns) as ipr:
+        names = {
+            link["index"]: link.get_attr("IFLA_IFNAME")
+            for link in ipr.get_links()
+            if (link.get_attr("IFLA_IFNAME") or "").startswith(HOST_IFACE_PREFIX)
+            and wiring._kind(link) == "veth"
+        }
+        for route in ipr.get_routes(family=socket.AF_INET, table=wiring.MAIN_TABLE):
+            oif = route.get_attr("RTA_OIF")
+            if route["proto"] == TABBY_POD_ROUTE_PROTO and route["dst_len"] == 32 and oif in names:
+                routed[str(route.get_attr("RTA_DST"))] = names[oif]
+    return routed, set(names.values())
+
+
+def _address_of(allocator: AddressAllocator, handle_id: str) -> str | None:
+    """The address a handle holds: ``lookup`` where the allocator has one, else the
+    idempotent ``assign`` (the protocol's contract: an existing handle gets its
+    address back; a handle emptied meanwhile gets a fresh one, which the caller
+    then releases because nothing routes it)."""
+    lookup = getattr(allocator, "lookup", None)
+    if callable(lookup):
+        found = lookup(handle_id)
+        return str(found) if found is not None else None
+    return str(allocator.assign(handle_id, {}))
+
+
+def _undo_pending(handlers: CNIHandlers, node_netns: str | None, report: RecoveryReport) -> None:
+    """Roll back every ADD the dead agent never answered (its caller saw it fail).
+
+    Deleting the pod side in the sandbox's netns takes the host end and its
+    route with it (a veth pair is created in one netlink call, so there is no
+    half pair); a netns that is gone took the pair with it. The Pod's podIP
+    annotation is cleared as a DEL would (the annotator skips it when a newer
+    sandbox owns the Pod), so no peer keeps the released address in its policy.
+    """
+    if handlers.journal is None:
+        return
+    for entry in handlers.journal.pending():
+        try:
+            wiring.unwire(entry.ifname, entry.netns or None, None, node_netns)
+            handlers.allocator.release(entry.handle_id)
+            if entry.namespace and entry.pod:
+                key = PodKey(entry.namespace, entry.pod, None, entry.container_id)
+                handlers.annotate(key, {ANNOTATION_POD_IP: ""})
+            handlers.journal.forget(entry)
+            report.rolled_back.append(entry.handle_id)
+        except Exception as exc:
+            report.errors.append(f"roll back {entry.handle_id}: {exc}")
+
+
+def _delete_link(node_netns: str | None, ifname: str) -> None:
+    with wiring._ipr(node_netns) as ipr:
+        try:
+            ipr.link("del", ifname=ifname)
+        except NetlinkError as exc:
+            if exc.code != errno.ENODEV:
+                raise
+
+
+def recover_after_restart(handlers: CNIHandlers, node_netns: str | None = None) -> RecoveryReport:
+    """Make the node consistent again after the agent died; run before serving CNI.
+
+    1. ADDs marked in the journal are undone (wiring and address).
+    2. Every handle of **this node** (``allocator.handles()``) whose address is
+       not routed through a ``cali`` veth is released: an ADD that died before
+       it finished wiring, or a DEL the shim let succeed while the agent was
+       down (the runtime then destroyed the netns and with it the veth).
+    3. Every ``cali`` veth that routes no address still held by a handle is
+       deleted: a half-wired pod (no route yet) or one whose address is gone.
+
+    Pods whose ADD was answered with success are wired and hold their address,
+    so none of the three steps touches them. Errors are collected, not raised:
+    a node that cannot be fully cleaned must still serve its healthy pods.
+    """
+    netns = node_netns if node_netns is not None else handlers.node_netns
+    report = RecoveryReport()
+    _undo_pending(handlers, netns, report)
+    routed, links = _pod_routes(netns)
+    owners: set[str] = set()
+    for handle_id in sorted(handlers.allocator.handles()):
+        try:
+            address = _address_of(handlers.allocator, handle_id)
+            if address is not None and address in routed:
+                owners.add(routed[address])
+                report.kept.append(handle_id)
+                continue
+            handlers.allocator.release(handle_id)
+            report.released.append(handle_id)
+        except Exception as exc:
+            report.errors.append(f"handle {handle_id}: {exc}")
+    for ifname in sorted(links - owners):
+        try:
+            _delete_link(netns, ifname)
+            report.removed_links.append(ifname)
+        except Exception as exc:
+            report.errors.append(f"veth {ifname}: {exc}")
+    log.info(
+        "recovery after restart: %d ADDs rolled back, %d handles released, %d kept, "
+        "%d orphan veths removed, %d errors",
+        len(report.rolled_back),
+        len(report.released),
+        len(report.kept),
+        len(report.removed_links),
+        len(report.errors),
+        extra={"recovery": report.__dict__},
+    )
+    return report
 
 
 # --- the socket server ---------------------------------------------------------------

@@ -346,10 +346,13 @@ def test_host_paths(daemonset: dict[str, Any]) -> None:
         "/etc/cni/net.d": "DirectoryOrCreate",
         "/lib/modules": None,
         "/run/xtables.lock": "FileOrCreate",
+        "/var/run/netns": "DirectoryOrCreate",
     }
     [main] = pod_spec(daemonset)["containers"]
     mounts = {m["mountPath"]: m for m in main["volumeMounts"]}
     assert mounts["/lib/modules"]["readOnly"] is True
+    # sandboxes mounted after the agent started must still be visible to it
+    assert mounts["/var/run/netns"]["mountPropagation"] == "HostToContainer"
     assert volumes[mounts["/run/tabby"]["name"]]["hostPath"]["path"] == "/run/tabby"
 
 
