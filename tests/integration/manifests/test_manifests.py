@@ -172,7 +172,10 @@ def test_daemonset_as_stored(kubectl: Kubectl) -> None:
         "/etc/cni/net.d",
         "/lib/modules",
         "/run/xtables.lock",
+        "/var/run/netns",
     }
+    mounts = {m["mountPath"]: m for m in main["volumeMounts"]}
+    assert mounts["/var/run/netns"]["mountPropagation"] == "HostToContainer"
 
 
 def test_controllers_deployment_as_stored(kubectl: Kubectl) -> None:
