@@ -22,6 +22,7 @@ SUBCOMMANDS: dict[str, str] = {
     "node": "tabbyctl.node:node",
     "cni": "tabbyctl.cni:cni",
     "lab": "tabbyctl.lab:lab",
+    "policy": "tabbyctl.policy:policy",
     "endpoints": "tabbyctl.cni:endpoints",
     "diagnose": "tabbyctl.diagnose:diagnose",
 }
@@ -58,7 +59,8 @@ class Context:
 def cli(ctx: click.Context, kubeconfig: str, verbose: bool) -> None:
     """Inspect and operate Tabby: routed pod networking for Kubernetes."""
     logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING)
-    ctx.obj = Context(kubeconfig)
+    if ctx.obj is None:  # tests pass a Context of their own
+        ctx.obj = Context(kubeconfig)
 
 
 def _attach_subcommands() -> None:

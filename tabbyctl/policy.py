@@ -1,0 +1,97 @@
+"""`tabbyctl policy explain`: would a connection pass, and which policy decides it.
+
+A connection needs the client's egress and the server's ingress; each direction is
+answered with the deciding policy and rule, or the default that applies (no policy
+isolates the pod: allowed). The evaluation is the one `tabbyctl diagnose` uses, over
+the policy compiler's own parsing and policy selection.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from datastore import kinds
+from datastore.errors import NotFound
+from policy import PolicyError, make_namespace, parse_namespace, parse_pod, parse_policy
+from tabbyctl.diagnose import parse_port, split_key, verdict
+from tabbyctl.output import emit_data, emit_table, fail, output_option, warn
+
+
+@click.group("policy")
+def policy() -> None:
+    """Explain NetworkPolicy decisions."""
+
+
+def _pod(ctx_obj: Any, key: str) -> dict[str, Any]:
+    namespace, name = split_key(key)
+    try:
+        raw: dict[str, Any] = ctx_obj.datastore.get_raw(kinds.POD, name, namespace)
+    except NotFound:
+        fail(f"pod {namespace}/{name} not found")
+        raise
+    return raw
+
+
+@policy.command("explain")
+@click.option("--from", "source", required=True, help="Client pod, NAMESPACE/NAME.")
+@click.option("--to", "target", required=True, help="Server pod, NAMESPACE/NAME.")
+@click.option("--port", "port_text", required=True, help="PORT/PROTOCOL, e.g. 80/TCP.")
+@output_option
+@click.pass_obj
+def explain(obj: Any, source: str, target: str, port_text: str, output: str) -> None:
+    """The verdict for each direction and the policy and rule that decide it."""
+    try:
+        port, protocol = parse_port(port_text)
+    except ValueError as err:
+        fail(str(err))
+        raise
+    try:
+        src, dst = parse_pod(_pod(obj, source)), parse_pod(_pod(obj, target))
+    except PolicyError as err:
+        fail(f"cannot evaluate: {err}")
+        raise
+    raw_namespaces, _ = obj.datastore.list_raw(kinds.NAMESPACE)
+    namespaces = {n.name: n for n in map(parse_namespace, raw_namespaces)}
+    policies = []
+    for raw in obj.datastore.list_raw(kinds.NETWORKPOLICY)[0]:
+        try:
+            policies.append(parse_policy(raw))
+        except PolicyError as err:
+            warn(f"skipping invalid policy: {err}")
+    src_ns = namespaces.get(src.namespace, make_namespace(src.namespace))
+    dst_ns = namespaces.get(dst.namespace, make_namespace(dst.namespace))
+    rows = []
+    for direction, subject, remote, remote_ns in (
+        ("egress", src, dst, dst_ns),
+        ("ingress", dst, src, src_ns),
+    ):
+        v = verdict(subject, direction, remote, remote_ns, dst, protocol, port, policies)
+        rows.append(
+            {
+                "direction": direction,
+                "pod": subject.key,
+                "verdict": "allow" if v.allowed else "deny",
+                "decided_by": v.policy or "default (not isolated)",
+                "reason": v.reason,
+            }
+        )
+    allowed = all(r["verdict"] == "allow" for r in rows)
+    if output != "table":
+        emit_data(
+            {
+                "from": src.key,
+                "to": dst.key,
+                "port": f"{port}/{protocol}",
+                "allowed": allowed,
+                "directions": rows,
+            },
+            output,
+        )
+        return
+    emit_table(
+        f"{src.key} -> {dst.key} {port}/{protocol}: {'ALLOWED' if allowed else 'DENIED'}",
+        ["DIRECTION", "POD", "VERDICT", "DECIDED BY", "REASON"],
+        [[r["direction"], r["pod"], r["verdict"], r["decided_by"], r["reason"]] for r in rows],
+    )
