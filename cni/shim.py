@@ -3,8 +3,9 @@
 
 The container runtime runs this file for every ADD, DEL, CHECK, STATUS, GC and
 VERSION call (it is copied to the CNI bin dir and run as ``python3 -I -S``).
-Start-up time is paid once per pod operation, so the file imports only
-``json``, ``os``, ``socket`` and ``sys`` and holds no state: it checks the call,
+Start-up time is paid once per pod operation, so the file imports only ``os``,
+``sys`` and the C cores ``_json`` and ``_socket`` (see :func:`loads`) and holds
+no state: it checks the call,
 forwards ``{command, env, args, config}`` as one JSON message to the node agent
 over a root-only unix socket and prints the agent's answer. VERSION is answered
 here, without the agent.
@@ -30,9 +31,11 @@ The agent imports the validation helpers below so that both sides agree on
 what a valid call is; keep them free of anything but the standard library.
 """
 
-import json
+# The json and socket packages cost ~20 ms of start-up per call (they pull in
+# re and enum); their C cores, which they wrap, cost well under 1 ms.
+import _json
+import _socket as socket
 import os
-import socket
 import sys
 
 SUPPORTED_VERSIONS = ("0.3.1", "0.4.0", "1.0.0", "1.1.0")
@@ -59,6 +62,55 @@ K8S_ARGS = ("K8S_POD_NAMESPACE", "K8S_POD_NAME", "K8S_POD_INFRA_CONTAINER_ID", "
 _NEEDS_NETNS = ("ADD", "CHECK")
 _NEEDS_CONTAINER = ("ADD", "DEL", "CHECK")
 _NAME_EXTRA = "_.-"
+
+
+class _DecodeContext:
+    """The settings ``_json.make_scanner`` reads: those of ``json.loads()``."""
+
+    strict = True
+    object_hook = None
+    object_pairs_hook = None
+    parse_float = float
+    parse_int = int
+    parse_constant = float  # NaN, Infinity, -Infinity, as json.loads accepts them
+
+
+_scan = _json.make_scanner(_DecodeContext())  # type: ignore[arg-type]
+_WS = " \t\n\r"
+
+
+def loads(raw: bytes | str) -> object:
+    """``json.loads`` for one document (ValueError on anything else), without ``re``."""
+    text = raw.decode() if isinstance(raw, bytes) else raw
+    start = len(text) - len(text.lstrip(_WS))
+    try:
+        value, end = _scan(text, start)
+    except StopIteration as stop:
+        raise ValueError(f"expecting a JSON value at char {stop.value}") from None
+    except Exception:
+        # The C scanner can only describe a syntax error if json.decoder is
+        # loaded; pay for that import on this error path alone.
+        import json
+
+        json.loads(text)  # raises the precise JSONDecodeError
+        raise
+    if text[end:].strip(_WS):
+        raise ValueError(f"extra data at char {end}")
+    return value
+
+
+def _unencodable(value: object) -> object:
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+_encode = _json.make_encoder(  # markers=None: results are trees, never cyclic
+    None, _unencodable, _json.encode_basestring_ascii, None, ": ", ", ", False, False, True
+)
+
+
+def dumps(value: object) -> str:
+    """``json.dumps`` with its defaults (ASCII, ", " and ": " separators)."""
+    return "".join(_encode(value, 0))
 
 
 class CNIError(Exception):
@@ -168,7 +220,7 @@ def _check_attachments(value: object) -> None:
             raise CNIError(
                 ERR_INVALID_CONFIG,
                 "cni.dev/attachments entries need string containerID and ifname",
-                json.dumps(item)[:200],
+                dumps(item)[:200],
             )
 
 
@@ -222,7 +274,7 @@ def validate_config(command: str, config: object) -> dict:
 def decode_config(raw: bytes) -> object:
     """Decode stdin; a decoding failure is spec code 6."""
     try:
-        return json.loads(raw)
+        return loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise CNIError(ERR_DECODING, "failed to decode network configuration", str(exc)) from None
 
@@ -242,7 +294,7 @@ def build_request(command: str, env: dict, raw_config: bytes) -> dict:
 def caller_version(raw_config: bytes) -> str:
     """The caller's cniVersion if we speak it, else our newest (for answers and errors)."""
     try:
-        config = json.loads(raw_config)
+        config = loads(raw_config)
         requested = config.get("cniVersion") if isinstance(config, dict) else None
     except (ValueError, UnicodeDecodeError):
         requested = None
@@ -289,7 +341,7 @@ def call_agent(path: str, request: dict, timeout: float) -> dict:
             ) from None
         sock.settimeout(timeout)
         try:
-            sock.sendall(json.dumps(request).encode())
+            sock.sendall(dumps(request).encode())
             sock.shutdown(socket.SHUT_WR)
             raw = _recv_all(sock)
         except OSError as exc:
@@ -299,7 +351,7 @@ def call_agent(path: str, request: dict, timeout: float) -> dict:
     finally:
         sock.close()
     try:
-        answer = json.loads(raw)
+        answer = loads(raw)
     except ValueError:
         raise CNIError(ERR_INTERNAL, f"tabby agent on {path} sent an undecodable answer") from None
     if not isinstance(answer, dict):
@@ -340,17 +392,17 @@ def run(env: dict, raw_config: bytes) -> tuple:
     """Handle one call; return (exit code, stdout text)."""
     command = env.get("CNI_COMMAND", "")
     if command == "VERSION":
-        return 0, json.dumps(version_result(raw_config))
+        return 0, dumps(version_result(raw_config))
     try:
         result = forward(build_request(command, env, raw_config))
     except CNIError as exc:
-        return 1, json.dumps(exc.to_dict(caller_version(raw_config)))
+        return 1, dumps(exc.to_dict(caller_version(raw_config)))
     except Exception as exc:  # the runtime must always get spec JSON
         error = CNIError(ERR_INTERNAL, "tabby shim failed", repr(exc))
-        return 1, json.dumps(error.to_dict(caller_version(raw_config)))
+        return 1, dumps(error.to_dict(caller_version(raw_config)))
     if result is None:
         return 0, ""
-    return 0, json.dumps(result)
+    return 0, dumps(result)
 
 
 def main() -> int:
