@@ -145,8 +145,9 @@ def test_mesh_routes_reach_the_other_kernel_and_leave_when_the_peer_dies(
     subprocess.run(["ip", "-n", b.ns, "route", "del", "10.244.1.0/26"], check=True)
     assert via_a not in b.kernel()
     result = b.controller.resync().routes
-    assert [str(r.dst) for r in result.added] == ["10.244.1.0/26"]
+    # restored by this resync, or by a pass the speaker ran meanwhile (both are resyncs)
     assert via_a in b.kernel()
+    assert not result.errors and not result.conflicts
 
     # a loses its block: withdrawn, gone from b's kernel (and a's blackhole goes too)
     a.update(affinities=[])
