@@ -24,12 +24,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from datastore.client import Datastore  # noqa: E402
-from datastore.errors import Unavailable  # noqa: E402
 from datastore.models import (  # noqa: E402
-    BlockAffinity,
-    IPAMBlock,
-    IPAMConfig,
-    IPAMHandle,
     IPPool,
     IPPoolSpec,
     Meta,
@@ -61,21 +56,6 @@ def timed_allocations(kubeconfig: str, node: str, count: int) -> list[float]:
     return samples
 
 
-def wait_ready(ds: Datastore, timeout: float = 90.0) -> None:
-    """Fresh CRDs answer 'storage is (re)initializing' for a moment."""
-    deadline = time.monotonic() + timeout
-    for cls in (IPPool, IPAMBlock, BlockAffinity, IPAMHandle, IPAMConfig):
-        while True:
-            try:
-                ds.list(cls)
-                ds.try_get(cls, "readiness-probe")
-                break
-            except Unavailable:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--allocations", type=int, default=500, help="per measurement")
@@ -85,8 +65,7 @@ def main() -> int:
         tempfile.TemporaryDirectory(prefix="ipam-bench-") as workdir,
         ControlPlane.start(Path(workdir)) as cp,
     ):
-        ds = cp.datastore()
-        wait_ready(ds)
+        ds = cp.datastore()  # the runner waited until the CRDs' storage answers
         spec = IPPoolSpec(cidr="10.96.0.0/12", block_size=26)
         ds.create(IPPool(metadata=Meta(name=POOL), spec=spec))
         kubeconfig = str(cp.kubeconfig)

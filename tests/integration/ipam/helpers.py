@@ -13,7 +13,6 @@ from datastore.errors import NotFound, Unavailable
 from datastore.models import (
     BlockAffinity,
     IPAMBlock,
-    IPAMConfig,
     IPAMHandle,
     IPPool,
     IPPoolSpec,
@@ -28,7 +27,6 @@ Event = tuple[str, str, float, float | None]  # (ip, handle, allocated at, relea
 @contextlib.contextmanager
 def scratch_pool(ds: Datastore, name: str, cidr: str, block_size: int) -> Iterator[IPPool]:
     """A pool for one test; everything IPAM created inside it is deleted afterwards."""
-    wait_ready(ds)
     pool = _create_when_ready(
         ds, IPPool(metadata=Meta(name=name), spec=IPPoolSpec(cidr=cidr, block_size=block_size))
     )
@@ -38,21 +36,6 @@ def scratch_pool(ds: Datastore, name: str, cidr: str, block_size: int) -> Iterat
         clean_pool(ds, cidr)
         with contextlib.suppress(NotFound):
             ds.delete(ds.get(IPPool, name), check_version=False)
-
-
-def wait_ready(ds: Datastore, timeout: float = 90.0) -> None:
-    """Until every IPAM kind answers (fresh CRDs say 'storage is (re)initializing')."""
-    deadline = time.monotonic() + timeout
-    for cls in (IPPool, IPAMBlock, BlockAffinity, IPAMHandle, IPAMConfig):
-        while True:
-            try:
-                ds.list(cls)
-                ds.try_get(cls, "readiness-probe")
-                break
-            except Unavailable:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
 
 
 def _create_when_ready(ds: Datastore, pool: IPPool, timeout: float = 60.0) -> IPPool:
