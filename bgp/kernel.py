@@ -82,14 +82,19 @@ class RouteManager:
         self.proto = proto
         self.table = table
         self.desired: dict[ipaddress.IPv4Network, KernelRoute] = {}
+        # destinations this run wanted at some point: ours to delete even before BGP
+        # has synced (what a previous run left is only pruned once it has)
+        self.explained: set[ipaddress.IPv4Network] = set()
 
     def set_desired(self, routes: Iterable[KernelRoute]) -> None:
         self.desired = {r.dst: _with_proto(r, self.proto) for r in routes}
+        self.explained.update(self.desired)
 
     def apply(self, prune: bool = True) -> ApplyResult:
         """Diff the desired routes against a fresh kernel dump and apply the difference.
 
-        `prune=False` adds and fixes but deletes nothing: right after a restart, routes
+        `prune=False` adds and fixes, and deletes only routes this run itself wanted
+        before (a withdrawn prefix, a peer gone down): right after a restart, routes
         learned by the previous run stay until BGP has caught up.
         """
         result = ApplyResult()
@@ -97,7 +102,7 @@ class RouteManager:
             names = _link_names(ipr)
             ours, others = self._read(ipr, names)
             for dst, current in sorted(ours.items()):
-                if prune and dst not in self.desired:
+                if dst not in self.desired and (prune or dst in self.explained):
                     self._delete(ipr, current, names, result)
             for dst, route in sorted(self.desired.items()):
                 if dst in others:
@@ -106,6 +111,7 @@ class RouteManager:
                     )
                 elif ours.get(dst) != route:
                     self._replace(ipr, route, names, result)
+        self.explained.difference_update(r.dst for r in result.removed)
         return result
 
     def read(self) -> list[KernelRoute]:

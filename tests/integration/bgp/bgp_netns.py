@@ -12,7 +12,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from bgp.speaker import Speaker
@@ -79,3 +79,32 @@ def wait_for(check: Callable[[], bool], timeout: float = 20.0, what: str = "cond
             return
         time.sleep(0.1)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+@contextlib.contextmanager
+def daemon(ns: str, argv: Sequence[str]) -> Iterator[subprocess.Popen[bytes]]:
+    """Run a foreground daemon (BIRD, GoBGP) inside `ns`; killed by its own PID group after."""
+    proc = subprocess.Popen(
+        ["ip", "netns", "exec", ns, *argv],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        yield proc
+    finally:
+        stop_daemon(proc)
+
+
+def stop_daemon(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> None:
+    """Signal the daemon's process group, SIGKILL it if it lingers; safe to call twice."""
+    if proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, sig)
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)

@@ -147,3 +147,20 @@ def test_no_prune_keeps_unexplained_routes_but_still_adds() -> None:
     assert [c[0] for c in fake.calls] == ["replace"]
     assert result.removed == []
     assert mgr.apply(prune=True).removed[0].dst == N("10.244.9.0/26")
+
+
+def test_no_prune_still_deletes_what_this_run_wanted_before() -> None:
+    """A withdraw (or a peer going down) before BGP synced must still leave the kernel."""
+    mgr, fake = manager(
+        [
+            msg("10.244.9.0/26", 81, gateway="10.0.0.9", oif=2),  # left by a previous run
+            msg("10.244.2.0/26", 81, gateway="10.0.0.2", oif=2),  # learned, then withdrawn
+        ]
+    )
+    mgr.set_desired([KernelRoute(N("10.244.2.0/26"), gateway=A("10.0.0.2"))])
+    assert mgr.apply(prune=False).removed == []
+    mgr.set_desired([])
+    result = mgr.apply(prune=False)
+    assert [r.dst for r in result.removed] == [N("10.244.2.0/26")]
+    assert [(c[0], c[1]["dst"]) for c in fake.calls] == [("del", "10.244.2.0/26")]
+    assert mgr.explained == set()
