@@ -161,6 +161,22 @@ class Lab:
         self._save()
         return node
 
+    def add_host(self, role: str, subnet: int = 0, host: int = 200) -> Node:
+        """A non-node namespace on a subnet (an external BGP daemon, a ToR): not in `nodes`.
+
+        It lives under the lab's prefix, so teardown removes it with the rest.
+        """
+        net = self.subnet(subnet)
+        host_node = Node(
+            name=role,
+            netns=self.ns(role),
+            address=ipaddress.IPv4Interface(f"{net[host]}/{net.prefixlen}"),
+            subnet_index=subnet,
+        )
+        netns.add(host_node.netns)
+        self._plug(host_node.netns, "eth0", f"h{role}"[:15], subnet, str(host_node.address))
+        return host_node
+
     def start_process(
         self,
         name: str,
