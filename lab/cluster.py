@@ -64,6 +64,7 @@ class ClusterSpec:
     bgp: str = "mesh"  # mesh | reflectors
     encap: str = "none"  # none | vxlan | ipip
     reflectors: int = 1
+    iptables_backend: str = "auto"  # the agents' --iptables-backend
 
 
 def _quiet(_: str) -> None:
@@ -164,6 +165,8 @@ class LabCluster:
             "--resync-interval",
             "30",
         ]
+        if self.spec.iptables_backend != "auto":
+            argv += ["--iptables-backend", self.spec.iptables_backend]
         self.lab.start_process(f"tabby-node-{node.name}", node, argv, env={"PYTHONPATH": str(REPO)})
 
     def _wait_agent(self, node: Node) -> None:

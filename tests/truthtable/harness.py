@@ -1,0 +1,306 @@
+"""The truth table on a real lab: pods with servers, emulated Services, parallel probes.
+
+``TruthLab.up`` starts a :class:`~lab.cluster.LabCluster` (its own etcd +
+kube-apiserver, node namespaces, real ``tabby-node`` agents with the chosen
+iptables backend), creates the world's namespaces and pods through the
+apiserver and CNI, starts a :mod:`podagent <tests.truthtable.podagent>` in every
+pod, and writes kube-proxy's ClusterIP DNAT (``KUBE-SERVICES`` in the nat table,
+from PREROUTING and OUTPUT, with the same backend, plus kubelet's
+``KUBE-IPTABLES-HINT`` chain) into every node namespace.
+
+``TruthLab.check`` probes every cell of the world at once and compares with the
+oracle's matrix:
+
+1. *converge*: probe all cells, then re-probe only those that differ, until
+   none does or :data:`CONVERGE_S` passed (the agents apply changes within a
+   pass; upstream e2e polls each probe for up to 10 s the same way);
+2. *confirm*: probe every cell once more. A cell that is open but should be
+   closed is a mismatch at once (a dropped packet cannot come back). A cell that
+   is closed but should be open is re-probed twice with a longer timeout first
+   (a probe can time out on a loaded machine); still closed, it is a mismatch.
+
+Everything started is stopped by PID in ``down()``, also after a failure.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from datastore import kinds
+from lab.cluster import ClusterSpec, LabCluster
+from tests.truthtable.world import PORTS, SERVICE_PORT_OFFSET, Cell, World
+
+log = logging.getLogger(__name__)
+
+PODAGENT = Path(__file__).with_name("podagent.py")
+PROBE_TIMEOUT_S = 1.0
+RETRY_TIMEOUT_S = 2.5
+CONVERGE_S = 30.0
+Progress = Callable[[str], None]
+
+# --backend name -> the agent's --iptables-backend and the restore/save commands.
+BACKENDS = {
+    "nft": ("nft", "iptables-nft"),
+    "legacy": ("legacy-iptc", "iptables-legacy"),  # writes via restore, reads via libiptc
+}
+
+
+def _quiet(_: str) -> None:
+    return None
+
+
+# ---------------------------------------------------------------- pod agents
+
+
+class PodAgents:
+    """One podagent process per pod (server + prober), talked to over pipes."""
+
+    def __init__(self) -> None:
+        self.procs: dict[str, subprocess.Popen[str]] = {}
+
+    def start(self, key: str, pod_netns: str, log_path: Path) -> None:
+        ports = ",".join(str(p) for p in PORTS)
+        with open(log_path, "a") as err:
+            proc = subprocess.Popen(
+                ["ip", "netns", "exec", pod_netns, sys.executable, str(PODAGENT), "--ports", ports],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=err,
+                text=True,
+            )
+        self.procs[key] = proc
+        hello = self._read(key)
+        if not hello.get("ready"):
+            raise RuntimeError(f"pod agent of {key} did not start: {hello}")
+
+    def _read(self, key: str) -> dict[str, Any]:
+        stdout = self.procs[key].stdout
+        assert stdout is not None
+        line = stdout.readline()
+        if not line:
+            raise RuntimeError(f"pod agent of {key} exited (code {self.procs[key].poll()})")
+        answer: dict[str, Any] = json.loads(line)
+        return answer
+
+    def probe(self, batches: dict[str, list[list[Any]]], timeout: float) -> dict[str, str]:
+        """Send every pod its batch at once, then collect: results by probe id."""
+        for key, probes in batches.items():
+            stdin: IO[str] | None = self.procs[key].stdin
+            assert stdin is not None
+            stdin.write(json.dumps({"timeout": timeout, "probes": probes}) + "\n")
+            stdin.flush()
+        results: dict[str, str] = {}
+        for key in batches:
+            results.update(self._read(key)["results"])
+        return results
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=5)
+            for stream in (proc.stdin, proc.stdout):
+                if stream is not None:
+                    with contextlib.suppress(OSError):
+                        stream.close()
+        self.procs.clear()
+
+
+# ---------------------------------------------------------------- kube-proxy emulation
+
+
+def service_rules(world: World) -> str:
+    """iptables-restore input for the nat table: ClusterIP:port+1000 -> pod:port (pure)."""
+    lines = ["*nat", ":KUBE-SERVICES - [0:0]"]
+    for key, cluster_ip in sorted(world.cluster_ips.items()):
+        for proto in ("tcp", "udp", "sctp"):
+            for port in PORTS:
+                lines.append(
+                    f"-A KUBE-SERVICES -d {cluster_ip}/32 -p {proto} -m {proto} "
+                    f"--dport {port + SERVICE_PORT_OFFSET} -m comment --comment svc/{key} "
+                    f"-j DNAT --to-destination {world.ip(key)}:{port}"
+                )
+    lines += [
+        "-A PREROUTING -m comment --comment kubernetes-services -j KUBE-SERVICES",
+        "-A OUTPUT -m comment --comment kubernetes-services -j KUBE-SERVICES",
+        "COMMIT",
+        "*mangle",
+        ":KUBE-IPTABLES-HINT - [0:0]",
+        "COMMIT",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- results
+
+
+@dataclass
+class CheckResult:
+    """One matrix: cells confirmed, probes sent, and what did not match."""
+
+    cells: int = 0
+    probes: int = 0
+    converge_s: float = 0.0
+    mismatches: list[str] = field(default_factory=list)
+    allowed: int = 0
+    same_node: int = 0
+    refused: int = 0
+
+
+def _is_open(result: str) -> bool:
+    return result == "ok"
+
+
+# ---------------------------------------------------------------- the lab
+
+
+class TruthLab:
+    """A lab cluster with the truth-table world in it."""
+
+    def __init__(self, cluster: LabCluster, world: World, backend: str) -> None:
+        self.cluster = cluster
+        self.world = world
+        self.backend = backend
+        self.agents = PodAgents()
+        self.baseline: tuple[dict[str, Any], dict[str, Any]] | None = None
+
+    @classmethod
+    def up(cls, workdir: Path, backend: str, progress: Progress = _quiet) -> TruthLab:
+        agent_backend, _ = BACKENDS[backend]
+        spec = ClusterSpec(nodes=2, iptables_backend=agent_backend)
+        cluster = LabCluster.up(workdir, spec, progress)
+        lab = cls(cluster, World.create([n.name for n in cluster.nodes]), backend)
+        try:
+            lab._populate(progress)
+        except BaseException:
+            lab.down()
+            raise
+        return lab
+
+    def _populate(self, progress: Progress) -> None:
+        for ns, obj in self.world.namespaces.items():
+            self.cluster.create_namespace(ns, obj["metadata"]["labels"])
+        progress(f"creating {len(self.world.pods)} pods")
+        for key, obj in self.world.pods.items():
+            meta = obj["metadata"]
+            info = self.cluster.create_pod(
+                meta["namespace"],
+                meta["name"],
+                self.world.placement[key],
+                dict(meta["labels"]),
+                obj["spec"]["containers"][0]["ports"],
+            )
+            self.world.set_ip(key, info.ip)
+        logs = self.cluster.workdir / "podagents.log"
+        for key in self.world.pods:
+            self.agents.start(key, self.cluster.pods[key].netns, logs)
+        _, save_cmd = BACKENDS[self.backend]
+        rules = service_rules(self.world)
+        for node in self.cluster.nodes:
+            subprocess.run(
+                ["ip", "netns", "exec", node.netns, f"{save_cmd}-restore", "--noflush"],
+                input=rules,
+                text=True,
+                check=True,
+                capture_output=True,
+                timeout=60,
+            )
+        self.baseline = self.world.snapshot_labels()
+
+    def down(self) -> None:
+        try:
+            self.agents.stop()
+        finally:
+            self.cluster.down()
+
+    # -- changes: the apiserver and the model together ---------------------------------
+    def apply_policy(self, policy: dict[str, Any]) -> None:
+        self.world.apply_policy(policy)
+        self.cluster.apply_policy(policy)
+
+    def delete_policy(self, namespace: str, name: str) -> None:
+        self.world.delete_policy(namespace, name)
+        self.cluster.delete_policy(namespace, name)
+
+    def label_pod(self, key: str, labels: dict[str, str | None]) -> None:
+        self.world.label_pod(key, labels)
+        ns, name = key.split("/")
+        self.cluster.label_pod(ns, name, labels)
+
+    def label_namespace(self, name: str, labels: dict[str, str | None]) -> None:
+        self.world.label_namespace(name, labels)
+        patch = {"metadata": {"labels": labels}}
+        self.cluster.datastore().patch_raw(kinds.NAMESPACE, name, patch)
+
+    def reset(self) -> None:
+        """No policy, original labels: the state every case starts from."""
+        for key in list(self.world.policies):
+            ns, name = key.split("/")
+            self.delete_policy(ns, name)
+        assert self.baseline is not None
+        pods, namespaces = self.baseline
+        for key, labels in pods.items():
+            current = self.world.pods[key]["metadata"]["labels"]
+            if current != labels:
+                self.label_pod(key, {**dict.fromkeys(current), **labels})
+        for name, labels in namespaces.items():
+            current = self.world.namespaces[name]["metadata"]["labels"]
+            if current != labels:
+                self.label_namespace(name, {**dict.fromkeys(current), **labels})
+
+    # -- probing -----------------------------------------------------------------------
+    def _probe(self, cells: Iterable[Cell], timeout: float) -> dict[Cell, str]:
+        batches: dict[str, list[list[Any]]] = {}
+        by_key: dict[str, Cell] = {}
+        for cell in cells:
+            ip, port = self.world.target(cell)
+            batches.setdefault(cell.src, []).append([cell.key, cell.protocol.lower(), ip, port])
+            by_key[cell.key] = cell
+        results = self.agents.probe(batches, timeout)
+        return {by_key[k]: v for k, v in results.items()}
+
+    def check(self) -> CheckResult:
+        """Converge, then confirm the whole matrix (see the module docstring)."""
+        expected = self.world.expected()
+        out = CheckResult(cells=len(expected))
+        started = time.monotonic()
+        pending = list(expected)
+        while pending:
+            seen = self._probe(pending, PROBE_TIMEOUT_S)
+            out.probes += len(seen)
+            pending = [c for c, r in seen.items() if _is_open(r) != expected[c]]
+            if time.monotonic() - started > CONVERGE_S:
+                break
+        out.converge_s = time.monotonic() - started
+        final = self._probe(expected, PROBE_TIMEOUT_S)
+        out.probes += len(final)
+        for _ in range(2):
+            closed = [c for c, r in final.items() if expected[c] and not _is_open(r)]
+            if not closed:
+                break
+            retried = self._probe(closed, RETRY_TIMEOUT_S)
+            out.probes += len(retried)
+            final.update(retried)
+        for cell, result in sorted(final.items(), key=lambda kv: kv[0].key):
+            out.refused += result == "refused"
+            out.allowed += expected[cell]
+            out.same_node += self.world.same_node(cell.src, cell.dst)
+            if _is_open(result) != expected[cell]:
+                want = "open" if expected[cell] else "closed"
+                out.mismatches.append(f"{cell.key}: expected {want}, got {result}")
+        return out
