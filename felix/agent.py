@@ -55,6 +55,7 @@ from felix.dataplane.runner import SubprocessRunner
 from felix.events import post_pod_event
 from felix.health import HealthServer, Readiness
 from felix.loop import ReconcileLoop
+from felix.nat_outgoing import PoolNat
 from felix.policy_dataplane import PolicyDataplane
 from felix.tunnels import (
     IPIP_OVERHEAD,
@@ -486,6 +487,10 @@ class Agent:
             pods.values(),
             self._parsed(self._objects("namespaces"), parse_namespace),
             local,
+            pools=[
+                PoolNat(pool.spec.cidr, pool.spec.nat_outgoing)
+                for pool in (IPPool.from_wire(o) for o in self._objects("pools"))
+            ],
             resync=resync,
         )
 

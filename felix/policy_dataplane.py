@@ -15,6 +15,10 @@ and applies everything through the dataplane tables:
 
 Unknown cali interfaces (a pod wired before its chains exist) fail closed. The
 desired state is a pure function (`render`); `PolicyDataplane.apply` writes it.
+
+The nat table's natOutgoing chains (`felix.nat_outgoing`) are written here too:
+their pool ipsets must go through the same ipset manager as the policy sets,
+which owns every `cali40` set of the node.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from felix.dataplane.backend import detect_backend
 from felix.dataplane.ipsets import IpsetManager
 from felix.dataplane.iptables import Rule, Table
 from felix.dataplane.runner import CommandRunner
+from felix.nat_outgoing import NatState, PoolNat, nat_state
 from policy import ACCEPT_MARK, DesiredState, desired_state
 from policy import Pod as PolicyPod
 from policy.model import Namespace, NetworkPolicy
@@ -100,6 +105,7 @@ class PolicyDataplane:
             )
         self.backend = detect_backend(runner, backend)
         self.filter = Table("filter", runner, self.backend)
+        self.nat = Table("nat", runner, self.backend)
         self.ipsets = IpsetManager(runner)
         self.endpoint_to_host = endpoint_to_host
         self.last_bytes = 0
@@ -111,19 +117,29 @@ class PolicyDataplane:
         namespaces: Iterable[Namespace],
         local: Mapping[str, PolicyPod],
         *,
+        pools: Iterable[PoolNat] = (),
         resync: bool = False,
     ) -> FilterState:
         """Compute and write; `resync` re-reads the kernel first to repair drift."""
         state = render(
             desired_state(policies, pods, namespaces, local), local, self.endpoint_to_host
         )
+        nat = nat_state(pools)
         if resync:
             self.filter.invalidate()
+            self.nat.invalidate()
             self.ipsets.invalidate()
-        self.ipsets.replace_sets(state.ipsets)
+        self.ipsets.replace_sets({**state.ipsets, **nat.ipsets})
         self.filter.replace_chains(state.chains)
         for kernel_chain, rules in state.hooks.items():
             self.filter.insert_hooks(kernel_chain, rules)
-        result = apply_in_order(self.ipsets, [self.filter])
+        self._set_nat(nat)
+        result = apply_in_order(self.ipsets, [self.filter, self.nat])
         self.last_bytes = result.bytes_written
         return state
+
+    def _set_nat(self, nat: NatState) -> None:
+        """natOutgoing chains, appended to POSTROUTING after kube-proxy's rules."""
+        self.nat.replace_chains(nat.chains)
+        for kernel_chain, rules in nat.hooks.items():
+            self.nat.append_hooks(kernel_chain, rules)

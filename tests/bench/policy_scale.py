@@ -420,9 +420,12 @@ def bench_apply(n_pods: int, n_policies: int, n_changes: int) -> tuple[float, fl
             render_s.append(time.perf_counter() - middle)
 
         # A forced full rewrite of the final state: flush what we wrote, then resync.
+        cli = "iptables-nft" if dp.backend.name == "nft" else "iptables-legacy"
         for argv in (
-            ["iptables-nft" if dp.backend.name == "nft" else "iptables-legacy", "-F"],
-            ["iptables-nft" if dp.backend.name == "nft" else "iptables-legacy", "-X"],
+            [cli, "-F"],
+            [cli, "-X"],
+            [cli, "-t", "nat", "-F"],
+            [cli, "-t", "nat", "-X"],
             ["ipset", "destroy"],
         ):
             subprocess.run(["ip", "netns", "exec", ns, *argv], check=True, timeout=60)
