@@ -274,7 +274,7 @@ class TruthLab:
         results = self.agents.probe(batches, timeout)
         return {by_key[k]: v for k, v in results.items()}
 
-    def check(self) -> CheckResult:
+    def check(self, converge_s: float = CONVERGE_S) -> CheckResult:
         """Converge, then confirm the whole matrix (see the module docstring)."""
         expected = self.world.expected()
         out = CheckResult(cells=len(expected))
@@ -284,7 +284,7 @@ class TruthLab:
             seen = self._probe(pending, PROBE_TIMEOUT_S)
             out.probes += len(seen)
             pending = [c for c, r in seen.items() if _is_open(r) != expected[c]]
-            if time.monotonic() - started > CONVERGE_S:
+            if time.monotonic() - started > converge_s:
                 break
         out.converge_s = time.monotonic() - started
         final = self._probe(expected, PROBE_TIMEOUT_S)
