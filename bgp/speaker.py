@@ -112,6 +112,9 @@ class Speaker:
         self.core = SpeakerCore(plan)
         self._lock = threading.RLock()
         self._callback_lock = threading.Lock()  # callbacks in order, one at a time
+        self._status_lock = threading.Lock()
+        self._last_status: dict[str, Any] | None = None  # as last written, less "updated"
+        self._config_text: str | None = None
         self._stop = threading.Event()
         self._conn: socket.socket | None = None
         self._proc: subprocess.Popen[bytes] | None = None
@@ -203,11 +206,13 @@ class Speaker:
         argv = [self.options.python, str(HELPER), str(self.options.socket_path)]
         text = render_exabgp_config(plan, argv, self.options.render)
         path = self.options.config_file
-        if path.exists() and path.read_text() == text:
+        if text == self._config_text or (path.exists() and path.read_text() == text):
+            self._config_text = text
             return False
         tmp = path.with_suffix(".tmp")
         tmp.write_text(text)
         tmp.replace(path)
+        self._config_text = text
         return True
 
     # -- the ExaBGP process -----------------------------------------------------------------
@@ -332,22 +337,31 @@ class Speaker:
             return
         lines = (buffers[conn] + data).split(b"\n")
         buffers[conn] = lines.pop()
-        for line in lines:
-            self._handle_line(line.decode("utf-8", "replace"))
+        # every line first (replies and reflected routes go out at once), then one
+        # status write and one kernel pass for the whole batch
+        changed = [self._apply_line(line.decode("utf-8", "replace")) for line in lines]
+        if any(changed):
+            self._after_change()
 
     def _handle_line(self, line: str) -> None:
+        """One API line, with its status and callback (tests feed lines through here)."""
+        if self._apply_line(line):
+            self._after_change()
+
+    def _apply_line(self, line: str) -> bool:
+        """Feed one API line to the core and send its commands; True if it was an event."""
         event = parse_line(line)
         if isinstance(event, Ack):
             if not event.ok:
                 self.errors += 1
                 log.warning("exabgp refused a command")
-            return
+            return False
         if isinstance(event, Unparsed):
             log.debug("api: %s (%s)", event.line[:200], event.reason)
-            return
+            return False
         with self._lock:
             self._send(self.core.handle(event))
-        self._after_change()
+        return True
 
     def _send(self, commands: list[str]) -> None:
         """Write commands to the relay (lock held); lost if none is connected, see resync."""
@@ -374,14 +388,20 @@ class Speaker:
                     log.exception("route callback failed")
 
     def _write_status(self) -> None:
+        """Rewrite the status file when its content (the timestamp aside) changed."""
         path = self.options.status_file
         if path is None:
             return
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            # One temp file per writing thread: several threads report peer changes.
-            tmp = path.with_suffix(f".{threading.get_ident()}.tmp")
-            tmp.write_text(json.dumps(self.status_document(), indent=1))
-            tmp.replace(path)
-        except OSError as err:
-            log.warning("cannot write %s: %s", path, err)
+        with self._status_lock:
+            doc = self.status_document()
+            content = {k: v for k, v in doc.items() if k != "updated"}
+            if content == self._last_status:
+                return
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                tmp = path.with_suffix(f".{threading.get_ident()}.tmp")
+                tmp.write_text(json.dumps(doc, indent=1))
+                tmp.replace(path)
+                self._last_status = content
+            except OSError as err:
+                log.warning("cannot write %s: %s", path, err)

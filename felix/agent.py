@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from ipaddress import IPv4Address
+from ipaddress import IPv4Address, IPv4Network
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -77,6 +77,8 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 SYNC_TIMEOUT_S = 60.0
+# watch events that cannot change what BGP announces or installs: no BGP pass for them
+NOT_BGP_REASONS = frozenset({"pods", "namespaces", "policies"})
 
 
 @dataclass
@@ -295,7 +297,10 @@ class Agent:
                 iproute_factory(None),
             )
         allocator = IPAMAllocator(
-            self.datastore, self.config.node_name, node_labels=self.node_labels
+            self.datastore,
+            self.config.node_name,
+            node_labels=self.node_labels,
+            on_block_claimed=self._block_claimed,
         )
         self.allocator = allocator
         addresses = IPAMAddresses(allocator, self.informers["pools"], self.node_labels)
@@ -397,6 +402,12 @@ class Agent:
         """ADD waits here: the endpoint is programmed before the pod gets its answer."""
         self._sync({f"endpoint-added:{endpoint.host_ifname}"})
 
+    def _block_claimed(self, block: IPv4Network) -> None:
+        """Announce a block the moment we claim it, not after its watch event arrives."""
+        bgp = self.bgp
+        if bgp is not None:
+            self._best_effort(lambda: bgp.block_claimed(block), "bgp")
+
     def _endpoint_removed(self, endpoint: Endpoint) -> None:
         self.recovered.pop(endpoint.host_ifname, None)
         self.loop.request(f"endpoint-removed:{endpoint.host_ifname}")
@@ -412,7 +423,7 @@ class Agent:
             if self.policy is not None:
                 self._sync_policy(resync)
             self._best_effort(self._sync_tunnels, "tunnels")
-            if self.bgp is not None:
+            if self.bgp is not None and not _only_non_bgp(reasons):
                 self._best_effort(lambda: self._sync_bgp(resync), "bgp")
             self._write_status()
 
@@ -638,6 +649,11 @@ class Agent:
         log.info("stopping")
         self.stop()
         return 0
+
+
+def _only_non_bgp(reasons: set[str]) -> bool:
+    """Pod, namespace, policy and endpoint changes alone leave BGP as it is."""
+    return all(r in NOT_BGP_REASONS or r.startswith("endpoint-") for r in reasons)
 
 
 def parse_args(argv: list[str] | None = None) -> AgentConfig:

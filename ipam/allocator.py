@@ -130,8 +130,12 @@ class IPAMAllocator:
         node_labels: Mapping[str, str] | None = None,
         config_ttl: float = 5.0,
         retries: int = CAS_RETRIES,
+        on_block_claimed: Callable[[IPv4Network], None] | None = None,
     ) -> None:
+        """`on_block_claimed` is told each block this allocator claims, right after the
+        claim is confirmed: the node agent announces it without waiting for a watch."""
         self.ds = datastore
+        self.on_block_claimed = on_block_claimed
         self.node = node
         self.retries = retries
         self.config_ttl = config_ttl
@@ -429,7 +433,17 @@ class IPAMAllocator:
         _checkpoint("affinity-confirmed")
         assert self._affine is not None
         self._affine[block.name] = block
+        self._tell_claimed(cidr)
         return block
+
+    def _tell_claimed(self, cidr: IPv4Network) -> None:
+        """A failing listener must not fail the allocation: the claim is already real."""
+        if self.on_block_claimed is None:
+            return
+        try:
+            self.on_block_claimed(cidr)
+        except Exception:
+            log.exception("ipam: on_block_claimed(%s) failed", cidr)
 
     def _pending_affinity(self, cidr: IPv4Network) -> BlockAffinity:
         name = affinity_name(self.node, cidr)
