@@ -24,6 +24,7 @@ learned-route list: the agent turns it into kernel routes (bgp.routes, bgp.kerne
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import ipaddress
 import json
 import logging
@@ -38,7 +39,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from bgp.config import BGPPlan, RenderOptions, render_exabgp_config
 from bgp.messages import Ack, LearnedRoute, Unparsed, parse_line
@@ -50,6 +51,29 @@ STATUS_VERSION = 1
 MAX_UNIX_PATH = 107  # sun_path holds 108 bytes with the terminating NUL
 HELPER = Path(__file__).with_name("api_helper.py")
 RoutesCallback = Callable[[list[LearnedRoute]], None]
+F_SETPIPE_SZ = 1031  # fcntl.F_SETPIPE_SZ, spelled out for Pythons that lack it
+PIPE_SIZE = 1 << 20
+
+
+class _Writer(Protocol):
+    def sendall(self, data: bytes) -> None: ...
+    def close(self) -> None: ...
+
+
+class _Pipe:
+    """ExaBGP's command pipe with a socket's `sendall` (blocking: ExaBGP reads it)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def sendall(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self.fd, view) :]
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            os.close(self.fd)
 
 
 def default_status_path(run_dir: Path = Path("/run/tabby")) -> Path:
@@ -116,7 +140,10 @@ class Speaker:
         self._last_status: dict[str, Any] | None = None  # as last written, less "updated"
         self._config_text: str | None = None
         self._stop = threading.Event()
-        self._conn: socket.socket | None = None
+        self._conn: _Writer | None = None  # ExaBGP's command pipe, from the helper
+        self._helper: socket.socket | None = None
+        self._events: int | None = None  # ExaBGP's event pipe, from the helper
+        self._buffer = b""  # a partial line read from it
         self._proc: subprocess.Popen[bytes] | None = None
         self._threads: list[threading.Thread] = []
         self._last_routes: list[LearnedRoute] = []
@@ -277,25 +304,75 @@ class Speaker:
         return listener
 
     def _serve(self, listener: socket.socket) -> None:
-        """Accept the relay, read its lines; a new relay replaces the old one."""
+        """Accept the helper, take ExaBGP's pipes from it, read events from them.
+
+        A new helper (ExaBGP respawned it, or a new ExaBGP) replaces the old one.
+        """
         sel = selectors.DefaultSelector()
         sel.register(listener, selectors.EVENT_READ, None)
-        buffers: dict[socket.socket, bytes] = {}
         try:
             while not self._stop.is_set():
                 for key, _ in sel.select(timeout=0.2):
                     if key.data is None:
-                        conn, _ = listener.accept()
-                        sel.register(conn, selectors.EVENT_READ, "relay")
-                        buffers[conn] = b""
-                        self._attach(conn)
+                        self._accept(listener, sel)
+                    elif key.data == "helper":
+                        self._helper_event(sel)
                     else:
-                        self._read(key.fileobj, sel, buffers)  # type: ignore[arg-type]
+                        self._read(sel)
                 self._tick()
         finally:
-            for conn in buffers:
-                conn.close()
+            self._detach(sel)
             listener.close()
+
+    def _accept(self, listener: socket.socket, sel: selectors.BaseSelector) -> None:
+        conn, _ = listener.accept()
+        try:
+            conn.settimeout(5.0)
+            _, fds, _, _ = socket.recv_fds(conn, 64, 2)
+        except OSError as err:
+            log.warning("api helper did not hand over its pipes: %s", err)
+            conn.close()
+            return
+        if len(fds) != 2:
+            for fd in fds:
+                os.close(fd)
+            conn.close()
+            return
+        self._detach(sel)
+        events, commands = fds
+        with contextlib.suppress(OSError):  # room for bursts while we program the kernel
+            fcntl.fcntl(events, F_SETPIPE_SZ, PIPE_SIZE)
+        self._helper, self._events, self._buffer = conn, events, b""
+        sel.register(conn, selectors.EVENT_READ, "helper")
+        sel.register(events, selectors.EVENT_READ, "events")
+        self._attach(_Pipe(commands))
+
+    def _helper_event(self, sel: selectors.BaseSelector) -> None:
+        """The helper only ever closes its socket: it died, or ExaBGP is stopping."""
+        helper = self._helper
+        try:
+            data = helper.recv(1024) if helper is not None else b""
+        except OSError:
+            data = b""
+        if not data:
+            self._detach(sel)
+
+    def _detach(self, sel: selectors.BaseSelector) -> None:
+        """Forget the current helper and close our copies of its pipes."""
+        with self._lock:
+            conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
+        for obj in (self._helper, self._events):
+            if obj is not None:
+                with contextlib.suppress(KeyError, ValueError):
+                    sel.unregister(obj)
+        if self._helper is not None:
+            self._helper.close()
+        if self._events is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._events)
+        self._helper, self._events, self._buffer = None, None, b""
 
     def _tick(self) -> None:
         """About once a second: expire stale routes, notice the end of the initial sync."""
@@ -315,28 +392,22 @@ class Speaker:
         with self._lock:
             return self.core.synced()
 
-    def _attach(self, conn: socket.socket) -> None:
+    def _attach(self, conn: _Writer) -> None:
         with self._lock:
             self._conn = conn
             self._send(self.core.resync())
 
-    def _read(
-        self, conn: socket.socket, sel: selectors.BaseSelector, buffers: dict[socket.socket, bytes]
-    ) -> None:
+    def _read(self, sel: selectors.BaseSelector) -> None:
+        """ExaBGP's events, straight from its pipe; handled as one batch per read."""
         try:
-            data = conn.recv(1 << 20)
+            data = os.read(self._events, 1 << 20) if self._events is not None else b""
         except OSError:
             data = b""
         if not data:
-            sel.unregister(conn)
-            buffers.pop(conn, None)
-            conn.close()
-            with self._lock:
-                if self._conn is conn:
-                    self._conn = None
+            self._detach(sel)  # ExaBGP closed the pipe: it stopped or dropped the helper
             return
-        lines = (buffers[conn] + data).split(b"\n")
-        buffers[conn] = lines.pop()
+        lines = (self._buffer + data).split(b"\n")
+        self._buffer = lines.pop()
         # every line first (replies and reflected routes go out at once), then one
         # status write and one kernel pass for the whole batch
         changed = [self._apply_line(line.decode("utf-8", "replace")) for line in lines]
@@ -364,14 +435,14 @@ class Speaker:
         return True
 
     def _send(self, commands: list[str]) -> None:
-        """Write commands to the relay (lock held); lost if none is connected, see resync."""
+        """Write commands to ExaBGP (lock held); lost if no helper is attached, see resync."""
         if not commands or self._conn is None:
             return
         try:
             self._conn.sendall("".join(c + "\n" for c in commands).encode("ascii"))
         except OSError as err:
             level = logging.DEBUG if self._stop.is_set() else logging.WARNING
-            log.log(level, "api relay write failed: %s", err)
+            log.log(level, "api write failed: %s", err)
 
     # -- status and callbacks -----------------------------------------------------------
     def _after_change(self) -> None:
