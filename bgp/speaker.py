@@ -2,14 +2,17 @@
 
 Process layout (research notes 1.3, 1.4, 2.1):
 
-    agent (this class) ──unix socket── api_helper.py ──stdin/stdout── ExaBGP ── peers
-                                       (ExaBGP's child)
+    agent (this class) ──unix socket── api_helper.py (ExaBGP's child)
+       │
+       └── ExaBGP's stdin/stdout pipes, handed over by the helper ── ExaBGP ── peers
 
 - The agent writes ExaBGP's config file (bgp.config), starts `exabgp server` in its
   own session (SIGHUP would mean shutdown to ExaBGP), with `exabgp_daemon_user=root`
   (else the helper runs as nobody) and `exabgp_api_cli=false`.
-- The helper is a stateless relay; every line it forwards is parsed (bgp.messages)
-  and fed to the pure SpeakerCore (bgp.rib), whose commands go back the same way.
+- The helper passes ExaBGP's pipes to the agent over the socket (SCM_RIGHTS) and
+  then only waits: the agent reads every event line straight from ExaBGP, parses
+  it (bgp.messages), feeds it to the pure SpeakerCore (bgp.rib) and writes the
+  core's commands into ExaBGP's command pipe, with no relay process in between.
 - Supervision: when ExaBGP exits it is restarted with exponential backoff; the
   core treats that as every session going down (their routes are dropped).
 - A changed peer set rewrites the config and sends SIGUSR1 (reload); new peers get
@@ -230,7 +233,8 @@ class Speaker:
     # -- config ---------------------------------------------------------------------------
     def _write_config(self, plan: BGPPlan) -> bool:
         """Write the config atomically; True when its text changed."""
-        argv = [self.options.python, str(HELPER), str(self.options.socket_path)]
+        # -S: the helper needs only the standard library; skipping site saves ~1.6 MB
+        argv = [self.options.python, "-S", str(HELPER), str(self.options.socket_path)]
         text = render_exabgp_config(plan, argv, self.options.render)
         path = self.options.config_file
         if text == self._config_text or (path.exists() and path.read_text() == text):

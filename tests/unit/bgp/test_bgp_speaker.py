@@ -50,7 +50,7 @@ ANNOUNCE = line(
 def test_config_written_once_with_the_helper_and_socket(tmp_path: Path) -> None:
     speaker, _ = make(tmp_path)
     text = speaker.options.config_file.read_text()
-    assert f"run {speaker.options.python} {HELPER} {tmp_path / 'w' / 'api.sock'};" in text
+    assert f"run {speaker.options.python} -S {HELPER} {tmp_path / 'w' / 'api.sock'};" in text
     assert "neighbor 10.0.0.2 {" in text
     plan = compute_plan(None, NODES, [], "n1")
     assert plan is not None
