@@ -16,7 +16,7 @@ import pytest
 from bgp.config import compute_plan, render_exabgp_config
 from bgp.speaker import HELPER
 from datastore.models import BGPConfiguration, BGPPeer
-from tests.integration.bgp.bgp_netns import Lab, wait_for
+from tests.integration.bgp.bgp_netns import Lab, daemon, wait_for
 from tests.integration.bgp.test_bgp_exabgp import node, start_agent
 
 pytestmark = pytest.mark.integration
@@ -119,3 +119,39 @@ def test_bird_as_external_peer(lab: Lab, tmp_path: Path) -> None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(bird.pid, signal.SIGKILL)
             bird.wait(timeout=10)
+
+
+BIRD_ECHO_CONF = """\
+router id 10.99.0.5;
+protocol device {}
+protocol direct { ipv4; interface "eth0"; }
+template bgp tabby { local 10.99.0.5 as 64513; hold time 30; ipv4 { import all; export all; }; }
+protocol bgp tabby_a from tabby { neighbor 10.99.0.1 as 64512; }
+protocol bgp tabby_b from tabby { neighbor 10.99.0.2 as 64512; }
+"""
+
+
+def test_blocks_echoed_back_through_an_external_peer_are_ignored(lab: Lab, tmp_path: Path) -> None:
+    """BIRD exports everything it learns: a's block comes back to b as AS path 64513 64512."""
+    if shutil.which("bird") is None:
+        pytest.skip("bird2 is not installed")
+    lab.add_node("a", 1)
+    lab.add_node("b", 2)
+    tor_ns = lab.add_node("tor", 5)
+    conf = tmp_path / "bird.conf"
+    conf.write_text(BIRD_ECHO_CONF)
+    argv = ["bird", "-f", "-c", str(conf), "-s", str(tmp_path / "ctl"), "-P", str(tmp_path / "pid")]
+    with daemon(tor_ns, argv):
+        tor = BGPPeer.model_validate(
+            {"metadata": {"name": "tor"}, "spec": {"peerIP": "10.99.0.5", "asNumber": 64513}}
+        )
+        nodes = [node("a", "10.99.0.1/24"), node("b", "10.99.0.2/24")]
+        a = start_agent(lab, tmp_path, "a", nodes=nodes, blocks=["10.244.1.0/26"], peers=[tor])
+        b = start_agent(lab, tmp_path, "b", nodes=nodes, blocks=["10.244.2.0/26"], peers=[tor])
+        # both nodes' echoes arrive and are dropped (our AS is in their AS path)
+        wait_for(lambda: a.speaker.core.dropped > 0 and b.speaker.core.dropped > 0, what="echoes")
+        wait_for(lambda: "10.244.1.0/26 via 10.99.0.1 proto 81" in b.kernel(), what="a at b")
+        wait_for(lambda: "10.244.2.0/26 via 10.99.0.2 proto 81" in a.kernel(), what="b at a")
+        learned_at_b = [r for r in b.speaker.learned_routes() if str(r.prefix) == "10.244.1.0/26"]
+        assert [(str(r.peer), r.as_path) for r in learned_at_b] == [("10.99.0.1", ())]
+        assert not any("via 10.99.0.5" in r for r in a.kernel() | b.kernel())
