@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from lab import netns
 from tests.truthtable.cases import CASES, QUICK
-from tests.truthtable.harness import TruthLab
+from tests.truthtable.harness import BACKENDS, TruthLab
 from tests.truthtable.runner import run_cases
 
 
@@ -33,6 +34,14 @@ def test_quick_cases_match_the_oracle_on_real_packets(truth_lab: TruthLab) -> No
     assert 0 < result.allowed < result.cells, "some cells must be open and some closed"
     assert 0 < result.same_node < result.cells, "both same-node and cross-node pairs"
     assert result.refused == 0, "every served port answered (no REFUSED)"
+
+    # The agents program natOutgoing too: the lab's pool does not ask for it, so the
+    # chain exists without a MASQUERADE rule, beside kube-proxy's DNAT.
+    save = f"{BACKENDS[truth_lab.backend][1]}-save"
+    for node in truth_lab.cluster.nodes:
+        nat = netns.ns_exec(node.netns, [save, "-t", "nat"])
+        assert ":cali-nat-outgoing" in nat and "-j cali-POSTROUTING" in nat
+        assert "MASQUERADE" not in nat and "-j KUBE-SERVICES" in nat
 
     # The harness is not vacuous: a policy the oracle is not told about is noticed.
     truth_lab.cluster.apply_policy(
