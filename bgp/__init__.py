@@ -10,7 +10,8 @@ Compute (pure, tested with plain data):
 
 Apply (seams, tested against the real thing in tests/integration/bgp):
 - `speaker`: the supervised ExaBGP process and the bridge to its API process
-  (`api_helper.py`, a stdlib-only relay ExaBGP forks), plus the status file;
+  (`api_helper.py`, a stdlib-only helper ExaBGP forks, which hands its pipes
+  to the agent), plus the status file;
 - `kernel`: routes of protocol 81 (and VXLAN neighbour/FDB entries) via pyroute2.
 
 `controller.BGPController` wires both halves for the node agent.

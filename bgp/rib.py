@@ -127,7 +127,7 @@ class SpeakerCore:
         self.origin: frozenset[Network] = frozenset()
         self.sent: dict[Address, dict[Network, OutRoute]] = {}
         # every prefix announced per peer since ExaBGP started: resync() withdraws the
-        # ones no longer wanted, in case commands were lost while the relay was away
+        # ones no longer wanted, in case commands were lost while no helper was attached
         self.ever_sent: dict[Address, set[Network]] = {}
         self.dropped = 0  # looped or echoed routes filtered, for metrics
         self.set_plan(plan)

@@ -163,7 +163,7 @@ class Speaker:
 
     # -- public ---------------------------------------------------------------------------
     def start(self) -> None:
-        """Listen for the relay first (ExaBGP starts it at once), then run ExaBGP."""
+        """Listen for the helper first (ExaBGP starts it at once), then run ExaBGP."""
         listener = self._listen()
         self._thread("bgp-api", self._serve, listener)
         self._thread("bgp-supervisor", self._supervise)
