@@ -450,7 +450,11 @@ class Speaker:
 
     # -- status and callbacks -----------------------------------------------------------
     def _after_change(self) -> None:
+        """Routes to the callback (the kernel) first, then the status file."""
+        self._routes_changed()
         self._write_status()
+
+    def _routes_changed(self) -> None:
         with self._callback_lock:
             routes, synced = self.learned_routes(), self.synced()
             if (routes, synced) == (self._last_routes, self._last_synced):
