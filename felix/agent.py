@@ -633,6 +633,8 @@ class Agent:
         self.readiness.shutting_down = True
         if self.cni is not None:
             self.cni.stop()
+        if self.handlers is not None:
+            self.handlers.close(timeout=2.0)  # markers left behind are finished at restart
         for informer in self.informers.values():
             informer.stop(timeout=0)  # signal all first; watches blocked in a read are daemons
         self.loop.stop()

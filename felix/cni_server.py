@@ -56,7 +56,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from pyroute2.netlink.exceptions import NetlinkError
 
@@ -79,6 +79,7 @@ from cni.shim import (
 )
 from felix import wiring
 from felix.constants import HOST_IFACE_PREFIX, TABBY_POD_ROUTE_PROTO
+from felix.teardown import Teardowns
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +87,7 @@ DEFAULT_MTU = 1500
 ANNOTATION_POD_IP = "tabby.dev/podIP"
 ANNOTATION_CONTAINER_ID = "tabby.dev/containerID"
 READ_TIMEOUT_S = 30.0
+T = TypeVar("T", bound="PendingAdd")
 
 
 class AddressAllocator(Protocol):
@@ -270,6 +272,13 @@ class PendingAdd:
         return f"{self.network}.{self.container_id}"
 
 
+@dataclass(frozen=True)
+class PendingDel(PendingAdd):
+    """A DEL that was answered before its deferred teardown (felix.teardown) finished."""
+
+    host_ifname: str = ""
+
+
 class AddJournal:
     """One marker file per ADD in flight, so a restarted agent knows what to undo.
 
@@ -284,50 +293,72 @@ class AddJournal:
     """
 
     SUFFIX = ".add"
+    DEL_SUFFIX = ".del"
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         directory.mkdir(parents=True, exist_ok=True, mode=0o700)
 
-    def _path(self, network: str, container_id: str, ifname: str) -> Path:
+    def _path(self, network: str, container_id: str, ifname: str, suffix: str = SUFFIX) -> Path:
         key = hashlib.sha1(f"{network}\0{container_id}\0{ifname}".encode()).hexdigest()
-        return self.directory / f"{key}{self.SUFFIX}"
+        return self.directory / f"{key}{suffix}"
 
-    def begin(self, request: CNIRequest) -> None:
-        """Record the ADD before it touches IPAM or the kernel (atomic rename)."""
-        entry = PendingAdd(
-            request.network,
-            request.container_id,
-            request.ifname,
-            request.netns,
-            request.args.get("K8S_POD_NAMESPACE", ""),
-            request.args.get("K8S_POD_NAME", ""),
-        )
-        path = self._path(entry.network, entry.container_id, entry.ifname)
+    def _write(self, entry: PendingAdd, suffix: str) -> None:
+        path = self._path(entry.network, entry.container_id, entry.ifname, suffix)
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(entry.__dict__))
         tmp.replace(path)
+
+    def begin(self, request: CNIRequest) -> None:
+        """Record the ADD before it touches IPAM or the kernel (atomic rename)."""
+        self._write(_pending_add(request), self.SUFFIX)
 
     def end(self, request: CNIRequest) -> None:
         """The ADD is answered (or rolled back by itself): nothing left to undo."""
         self._path(request.network, request.container_id, request.ifname).unlink(missing_ok=True)
 
+    def begin_delete(self, request: CNIRequest, host_ifname: str) -> PendingDel:
+        """Record a DEL whose teardown runs after its answer."""
+        base = _pending_add(request)
+        entry = PendingDel(**base.__dict__, host_ifname=host_ifname)
+        self._write(entry, self.DEL_SUFFIX)
+        return entry
+
     def pending(self) -> list[PendingAdd]:
         """Every marked ADD; a half-written temp file (killed mid-write) is dropped."""
         for tmp in self.directory.glob("*.tmp"):
             tmp.unlink(missing_ok=True)
+        return self._read(self.SUFFIX, PendingAdd)
+
+    def pending_deletes(self) -> list[PendingDel]:
+        """Every DEL whose teardown had not finished."""
+        return self._read(self.DEL_SUFFIX, PendingDel)
+
+    def _read(self, suffix: str, kind: type[T]) -> list[T]:
         found = []
-        for path in sorted(self.directory.glob(f"*{self.SUFFIX}")):
+        for path in sorted(self.directory.glob(f"*{suffix}")):
             try:
-                found.append(PendingAdd(**json.loads(path.read_text())))
+                found.append(kind(**json.loads(path.read_text())))
             except (OSError, ValueError, TypeError):
-                log.warning("dropping unreadable ADD marker %s", path)
+                log.warning("dropping unreadable marker %s", path)
                 path.unlink(missing_ok=True)
         return found
 
     def forget(self, entry: PendingAdd) -> None:
-        """Drop a marker once its ADD has been undone."""
-        self._path(entry.network, entry.container_id, entry.ifname).unlink(missing_ok=True)
+        """Drop a marker once its ADD has been undone (or its DEL finished)."""
+        suffix = self.DEL_SUFFIX if isinstance(entry, PendingDel) else self.SUFFIX
+        self._path(entry.network, entry.container_id, entry.ifname, suffix).unlink(missing_ok=True)
+
+
+def _pending_add(request: CNIRequest) -> PendingAdd:
+    return PendingAdd(
+        request.network,
+        request.container_id,
+        request.ifname,
+        request.netns,
+        request.args.get("K8S_POD_NAMESPACE", ""),
+        request.args.get("K8S_POD_NAME", ""),
+    )
 
 
 def parse_request(message: object) -> CNIRequest:
@@ -374,8 +405,13 @@ class CNIHandlers:
         self.node_netns = node_netns
         self.default_mtu = default_mtu
         self.endpoints = EndpointTable()
+        self.teardowns = Teardowns()
         self._locks = KeyedLocks()
         self._synced = threading.Event()
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Finish the deferred DEL teardowns (bounded) and stop their workers."""
+        self.teardowns.close(timeout)
 
     # -- readiness ---------------------------------------------------------------
 
@@ -408,6 +444,8 @@ class CNIHandlers:
         if request.command == "GC":
             self.gc(request)
             return None
+        # The same pod's earlier DEL may still be tearing down its veth.
+        self.teardowns.wait(self._host_ifname(request))
         with self._locks.hold(request.container_id):
             if request.command == "ADD":
                 return self.add(request)
@@ -419,13 +457,18 @@ class CNIHandlers:
 
     # -- ADD -------------------------------------------------------------------------
 
+    @staticmethod
+    def _host_ifname(request: CNIRequest) -> str:
+        namespace = request.args.get("K8S_POD_NAMESPACE")
+        pod = request.args.get("K8S_POD_NAME")
+        if namespace and pod:
+            return wiring.host_ifname_for(namespace, pod)
+        return wiring.host_ifname_for_container(request.container_id)
+
     def _endpoint(self, request: CNIRequest, address: ipaddress.IPv4Address) -> Endpoint:
         namespace = request.args.get("K8S_POD_NAMESPACE") or None
         pod = request.args.get("K8S_POD_NAME") or None
-        if namespace and pod:
-            host = wiring.host_ifname_for(namespace, pod)
-        else:
-            host = wiring.host_ifname_for_container(request.container_id)
+        host = self._host_ifname(request)
         return Endpoint(
             network=request.network,
             container_id=request.container_id,
@@ -549,28 +592,64 @@ class CNIHandlers:
     # -- DEL -------------------------------------------------------------------------
 
     def delete(self, request: CNIRequest) -> None:
-        """Tear down whatever is left of the attachment; repeatable."""
+        """Tear down whatever is left of the attachment; repeatable.
+
+        A wired endpoint of this agent is unlisted and answered at once, its
+        veth and address freed right after (:mod:`felix.teardown`); anything
+        else (an attachment the agent does not know) is torn down before the
+        answer.
+        """
         started = time.monotonic()
         ep = self.endpoints.get(request.container_id, request.ifname)
-        host = ep.host_ifname if ep is not None and self.endpoints.owns_host(ep) else None
+        if ep is not None and self.endpoints.owns_host(ep):
+            self.endpoints.remove(request.container_id, request.ifname)
+            marker = self.journal.begin_delete(request, ep.host_ifname) if self.journal else None
+            self.teardowns.submit(ep.host_ifname, lambda: self._tear_down(request, ep, marker))
+            log.info(
+                "DEL %s %s answered in %.1f ms; teardown of %s queued",
+                request.container_id[:12],
+                request.ifname,
+                (time.monotonic() - started) * 1000,
+                ep.host_ifname,
+            )
+            return
         try:
-            wiring.unwire(request.ifname, request.netns or None, host, self.node_netns)
+            wiring.unwire(request.ifname, request.netns or None, None, self.node_netns)
         except Exception as exc:
             raise CNIError(
                 ERR_TRY_AGAIN_LATER, f"could not unwire {request.ifname}", str(exc)
             ) from None
-        try:
-            self.allocator.release(request.handle_id)
-        except Exception as exc:
-            raise CNIError(
-                ERR_TRY_AGAIN_LATER, f"could not release {request.handle_id}", str(exc)
-            ) from None
+        self._release(request)
         self.endpoints.remove(request.container_id, request.ifname)
         self._clear_annotation(request)
         if ep is not None:
             self.on_endpoint_removed(ep)
         log.info(
             "DEL %s %s in %.0f ms",
+            request.container_id[:12],
+            request.ifname,
+            (time.monotonic() - started) * 1000,
+        )
+
+    def _release(self, request: CNIRequest) -> None:
+        try:
+            self.allocator.release(request.handle_id)
+        except Exception as exc:
+            raise CNIError(
+                ERR_TRY_AGAIN_LATER, f"could not release {request.handle_id}", str(exc)
+            ) from None
+
+    def _tear_down(self, request: CNIRequest, ep: Endpoint, marker: PendingDel | None) -> None:
+        """The deferred half of DEL: veth (and its route) first, then the address."""
+        started = time.monotonic()
+        wiring.unwire(ep.ifname, None, ep.host_ifname, self.node_netns)
+        self._release(request)
+        self._clear_annotation(request)
+        self.on_endpoint_removed(ep)
+        if marker is not None and self.journal is not None:
+            self.journal.forget(marker)
+        log.info(
+            "DEL %s %s torn down in %.0f ms",
             request.container_id[:12],
             request.ifname,
             (time.monotonic() - started) * 1000,
@@ -730,19 +809,24 @@ def _address_of(allocator: AddressAllocator, handle_id: str) -> str | None:
 
 
 def _undo_pending(handlers: CNIHandlers, node_netns: str | None, report: RecoveryReport) -> None:
-    """Roll back every ADD the dead agent never answered (its caller saw it fail).
+    """Roll back every ADD the dead agent never answered, finish every DEL it answered.
 
-    Deleting the pod side in the sandbox's netns takes the host end and its
-    route with it (a veth pair is created in one netlink call, so there is no
-    half pair); a netns that is gone took the pair with it. The Pod's podIP
+    An unanswered ADD's caller saw it fail. Deleting the pod side in the
+    sandbox's netns takes the host end and its route with it (a veth pair is
+    created in one netlink call, so there is no half pair); a netns that is
+    gone took the pair with it. An answered DEL whose teardown was cut short
+    names its host veth, which no newer sandbox can have taken: ADDs for that
+    host interface wait for its teardown. Either way the Pod's podIP
     annotation is cleared as a DEL would (the annotator skips it when a newer
     sandbox owns the Pod), so no peer keeps the released address in its policy.
     """
     if handlers.journal is None:
         return
-    for entry in handlers.journal.pending():
+    entries: list[PendingAdd] = [*handlers.journal.pending(), *handlers.journal.pending_deletes()]
+    for entry in entries:
+        host = entry.host_ifname if isinstance(entry, PendingDel) else None
         try:
-            wiring.unwire(entry.ifname, entry.netns or None, None, node_netns)
+            wiring.unwire(entry.ifname, entry.netns or None, host or None, node_netns)
             handlers.allocator.release(entry.handle_id)
             if entry.namespace and entry.pod:
                 key = PodKey(entry.namespace, entry.pod, None, entry.container_id)
@@ -941,6 +1025,7 @@ def main(argv: list[str] | None = None) -> int:
         pass
     finally:
         server.server_close()
+        handlers.close()
         if os.path.exists(opts.socket):
             os.unlink(opts.socket)
     return 0

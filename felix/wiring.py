@@ -40,6 +40,7 @@ from pyroute2 import config as pyroute2_config
 from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.netns import setns
 
+from felix import netlink
 from felix.constants import HOST_IFACE_PREFIX, HOST_VETH_MAC, POD_GATEWAY, TABBY_POD_ROUTE_PROTO
 
 log = logging.getLogger(__name__)
@@ -136,6 +137,20 @@ def _ipr(netns: str | None) -> Iterator[Any]:
         yield ipr
     finally:
         ipr.close()
+
+
+@contextmanager
+def _rtnl(netns: str | None) -> Iterator[netlink.Rtnl]:
+    """A :class:`felix.netlink.Rtnl` socket in *netns* (same rules as :func:`_open`)."""
+    if netns is not None and not os.path.exists(_netns_path(netns)):
+        raise NetnsMissing(f"network namespace {netns} does not exist")
+    try:
+        with _thread_in_netns(netns):
+            rtnl = netlink.Rtnl.open()
+    except FileNotFoundError:
+        raise NetnsMissing(f"network namespace {netns} does not exist") from None
+    with rtnl:
+        yield rtnl
 
 
 def _netns_path(netns: str) -> str:
@@ -349,7 +364,19 @@ def _ensure_host_route(node: Any, spec: PodWiring, host_index: int) -> None:
 
 
 def wire(spec: PodWiring, node_netns: str | None = None) -> Wired:
-    """Make the kernel match *spec*; safe to repeat (missing pieces are re-created)."""
+    """Make the kernel match *spec*; safe to repeat (missing pieces are re-created).
+
+    A fresh pod (the common case) takes the batched fast path; anything already
+    there, or any surprise on the way, goes through the convergent path, which
+    repairs a half-made pair and names real conflicts.
+    """
+    try:
+        wired = _wire_fresh(spec, node_netns)
+    except netlink.NetlinkError as exc:
+        log.info("fast wiring of %s stopped (%s); converging", spec.host_ifname, exc)
+        wired = None
+    if wired is not None:
+        return wired
     with _ipr(spec.pod_netns) as pod, _ipr(node_netns) as node:
         _ensure_veth(node, pod, spec)
         host_index = _ensure_host_link(node, spec, node_netns)
@@ -358,17 +385,61 @@ def wire(spec: PodWiring, node_netns: str | None = None) -> Wired:
     return Wired(spec.host_ifname, HOST_VETH_MAC, spec.pod_ifname, pod_mac)
 
 
+def _wire_fresh(spec: PodWiring, node_netns: str | None) -> Wired | None:
+    """Wire a pod whose veth does not exist yet in 5 netlink round trips; None: converge.
+
+    The host end is created up with its MAC and MTU (no traffic can flow before
+    the pod end is up, after the sysctls); the pod end's link, address and two
+    routes go in one batch; the /32 is added exclusively, so an address that is
+    already routed elsewhere falls back to the path that explains the conflict.
+    """
+    with _rtnl(node_netns) as node, _rtnl(spec.pod_netns) as pod:
+        if node.link(spec.host_ifname) is not None:
+            return None
+        fd = os.open(_netns_path(spec.pod_netns), os.O_RDONLY)
+        try:
+            node.request(
+                [netlink.new_veth(spec.host_ifname, HOST_VETH_MAC, spec.mtu, spec.pod_ifname, fd)]
+            )
+        finally:
+            os.close(fd)
+        write_host_sysctls(spec.host_ifname, node_netns)
+        host, inner = node.link(spec.host_ifname), pod.link(spec.pod_ifname)
+        if host is None or inner is None or host.mac != HOST_VETH_MAC:
+            return None
+        gateway = ipaddress.IPv4Address(POD_GATEWAY)
+        pod.request(
+            [
+                netlink.set_up(inner.index),
+                netlink.new_address(inner.index, spec.address),
+                netlink.new_route(gateway, 32, inner.index, scope=SCOPE_LINK),
+                netlink.new_route(ipaddress.IPv4Address(0), 0, inner.index, gateway=gateway),
+            ]
+        )
+        route = netlink.new_route(
+            spec.address,
+            32,
+            host.index,
+            scope=SCOPE_LINK,
+            proto=TABBY_POD_ROUTE_PROTO,
+            exclusive=True,
+        )
+        node.request([route])
+    return Wired(spec.host_ifname, HOST_VETH_MAC, spec.pod_ifname, inner.mac)
+
+
 # --- unwire -----------------------------------------------------------------------
 
 
-def _delete_link(ipr: Any, ifname: str) -> bool:
-    link = _link(ipr, ifname)
-    if link is None or _kind(link) != "veth":
+def _delete_veth(rtnl: netlink.Rtnl, ifname: str) -> bool:
+    """Delete *ifname* if it is a veth (never someone else's interface of that name)."""
+    link = rtnl.link(ifname)
+    if link is None or link.kind != "veth":
         return False
     try:
-        ipr.link("del", index=link["index"])
-    except NetlinkError as exc:
-        if exc.code != errno.ENODEV:
+        rtnl.request([netlink.del_link(ifname)])
+    except netlink.NetlinkError as exc:
+        if exc.errno != errno.ENODEV:
             raise
     return True
 
@@ -387,11 +458,11 @@ def unwire(
     (*host_ifname*): after a pod is re-created its new sandbox reuses the name.
     """
     if pod_netns:
-        with suppress(NetnsMissing), _ipr(pod_netns) as pod:
-            _delete_link(pod, pod_ifname)
+        with suppress(NetnsMissing), _rtnl(pod_netns) as pod:
+            _delete_veth(pod, pod_ifname)
     if host_ifname:
-        with _ipr(node_netns) as node:
-            _delete_link(node, host_ifname)
+        with _rtnl(node_netns) as node:
+            _delete_veth(node, host_ifname)
 
 
 # --- check --------------------------------------------------------------------------

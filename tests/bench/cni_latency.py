@@ -1,9 +1,9 @@
 """CNI ADD/DEL latency: Tabby (shim + agent) against Debian's ptp + host-local.
 
 Run as root: ``.venv/bin/python tests/bench/cni_latency.py --n 50``. Both plugins
-run exactly as a runtime runs them (env + stdin, one process per call) inside a
-node namespace this script creates; pods are namespaces created outside the
-timed region. Everything is removed at the end, also on failure.
+run exactly as a runtime runs them (the installed executable, env + stdin, one
+process per call) inside a node namespace this script creates; pods are
+namespaces created outside the timed region. Everything is removed at the end, also on failure.
 
 The last line is ``cni add_ratio=X del_ratio=Y`` (Tabby median / ptp median;
 below 1 means Tabby is faster).
@@ -24,7 +24,9 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
-SHIM = REPO / "cni" / "shim.py"
+sys.path.insert(0, str(REPO))
+from cni.install import install_plugin  # noqa: E402
+
 PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
 CNI_BIN = Path("/usr/lib/cni")
 
@@ -90,13 +92,36 @@ def summary(name: str, values: list[float]) -> str:
 
 
 def _agent_times(log: Path) -> dict[str, list[float]]:
-    """Per-call handler time from the agent's log ("ADD ... in 12 ms")."""
-    times: dict[str, list[float]] = {"ADD": [], "DEL": []}
+    """Per-call handler time from the agent's log ("ADD ... in 12 ms").
+
+    DEL logs twice: when it is answered, and when its deferred teardown (veth,
+    then address) has finished after the answer.
+    """
+    times: dict[str, list[float]] = {"ADD": [], "DEL answered": [], "DEL teardown": []}
     for line in log.read_text().splitlines():
         words = line.split()
-        if len(words) > 4 and words[3] in times and words[-1] == "ms":
-            times[words[3]].append(float(words[-2]))
+        if len(words) < 5 or words[3] not in ("ADD", "DEL"):
+            continue
+        if "answered in" in line:
+            times["DEL answered"].append(float(words[words.index("answered") + 2]))
+        elif "torn down in" in line:
+            times["DEL teardown"].append(float(words[words.index("down") + 2]))
+        elif words[-1] == "ms":
+            times[words[3] if words[3] == "ADD" else "DEL answered"].append(float(words[-2]))
     return times
+
+
+def wait_for_teardowns(node: str, timeout: float = 30.0) -> None:
+    """Let Tabby's deferred DEL work finish before the peer is measured."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        links = subprocess.run(
+            ["ip", "-n", node, "-o", "link", "show"], capture_output=True, text=True, check=True
+        ).stdout
+        if " cali" not in links:
+            return
+        time.sleep(0.05)
+    raise RuntimeError("Tabby's deferred teardowns did not finish")
 
 
 def bench(n: int, work: Path) -> tuple[float, float]:
@@ -119,7 +144,9 @@ def bench(n: int, work: Path) -> tuple[float, float]:
             "type": "ptp",
             "ipam": {"type": "host-local", "subnet": "10.82.0.0/24", "dataDir": str(work / "ipam")},
         }
-        t_add, t_del = run_plugin(node, pods, [PYTHON, "-I", "-S", str(SHIM)], tabby_conf)
+        plugin = install_plugin(work / "bin", PYTHON)  # as `tabbyctl cni install` does
+        t_add, t_del = run_plugin(node, pods, [str(plugin)], tabby_conf)
+        wait_for_teardowns(node)
         p_add, p_del = run_plugin(node, pods, [str(CNI_BIN / "ptp")], ptp_conf)
     finally:
         if agent is not None:
@@ -135,9 +162,9 @@ def bench(n: int, work: Path) -> tuple[float, float]:
     ):
         print(summary(name, values))
     agent = _agent_times(work / "agent.log")
-    for command in ("ADD", "DEL"):
-        if agent[command]:
-            print(f"tabby agent-side {command}: median {statistics.median(agent[command]):.1f} ms")
+    for phase, values in agent.items():
+        if values:
+            print(f"tabby agent-side {phase}: median {statistics.median(values):.1f} ms")
     add_ratio = statistics.median(t_add) / statistics.median(p_add)
     del_ratio = statistics.median(t_del) / statistics.median(p_del)
     return add_ratio, del_ratio

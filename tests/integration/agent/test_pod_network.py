@@ -11,6 +11,7 @@ import time
 from datastore import kinds
 from datastore.models import BlockAffinity, IPAMHandle, IPPool
 from lab import netns
+from tests.helpers import wait_for
 from tests.integration.agent.conftest import AgentNode, create_pod
 
 
@@ -70,10 +71,18 @@ def test_add_wires_the_pod_with_an_address_from_the_nodes_block_and_del_releases
     assert 'tabby_cni_request_seconds_count{command="ADD",result="ok"} 2.0' in metrics
 
     assert agent_node.cni("DEL", "c0ffee01", pod_ns)[0] == 0
-    assert "cali" not in netns.ip(agent_node.node.netns, "link", "show")
-    assert not any(
-        h.spec.handle_id.endswith(".c0ffee01") and any(h.spec.block.values())
-        for h in ds.list(IPAMHandle)
+    # DEL answers first; the veth and then the address go right after it
+    wait_for(
+        lambda: "cali" not in netns.ip(agent_node.node.netns, "link", "show"), what="veth gone"
+    )
+    wait_for(
+        lambda: (
+            not any(
+                h.spec.handle_id.endswith(".c0ffee01") and any(h.spec.block.values())
+                for h in ds.list(IPAMHandle)
+            )
+        ),
+        what="address released",
     )
     assert agent_node.cni("DEL", "c0ffee01", pod_ns)[0] == 0  # idempotent
 

@@ -36,6 +36,7 @@ from lab import netns
 from lab.controlplane import ControlPlane, k8s_bin_dir
 from lab.runtime import Containerd
 from lab.topology import Lab, Node
+from tests.helpers import wait_for
 from tests.integration.agent.conftest import REPO, TABBY_NODE, _delete_pool_data, ensure_node
 from tests.integration.runtime.conftest import REFERENCE_PLUGINS
 
@@ -204,9 +205,10 @@ def test_run_pod_sandbox_through_containerd_is_wired_by_tabby_and_stop_releases_
         assert annotations["tabby.dev/podIP"] == f"{address}/32"
         assert annotations["tabby.dev/containerID"] == sandbox
 
-        # StopPodSandbox runs CNI DEL: address released, veth and route gone.
+        # StopPodSandbox runs CNI DEL: address released, veth and route gone (the
+        # agent answers DEL first and finishes the teardown right after).
         runtime.crictl("stopp", sandbox)
-        assert _handles(ds, sandbox) == []
+        wait_for(lambda: _handles(ds, sandbox) == [], what="the address released")
         assert host not in netns.ip(node_ns, "-o", "link", "show")
         assert f"{address}" not in netns.ip(node_ns, "route", "show")
         runtime.crictl("rmp", sandbox)

@@ -215,7 +215,8 @@ def test_del_releases_and_repeats(handlers: CNIHandlers, kernel: FakeKernel, rec
     assert handlers.handle(req("DEL")) is None
     assert handlers.handle(req("DEL")) is None
     assert handlers.allocator.handles() == set()
-    assert kernel.unwired[0] == ("eth0", "/proc/self/ns/net", "calic440f455693")
+    # a known endpoint: answered first, its host end deleted by the deferred teardown
+    assert kernel.unwired[0] == ("eth0", None, "calic440f455693")
     assert kernel.unwired[1] == ("eth0", "/proc/self/ns/net", None)  # unknown now: host untouched
     assert rec.annotations[-1][1] == {"tabby.dev/podIP": ""}
     assert [e.container_id for e in rec.removed] == ["c1"]
@@ -376,7 +377,8 @@ def test_late_del_of_old_sandbox_with_record_keeps_new_veth(
     assert kernel.unwired[-1] == ("eth0", "/proc/self/ns/net", None)
     assert "calic440f455693" in kernel.wired
     handlers.handle(req("DEL", "new"))
-    assert kernel.unwired[-1] == ("eth0", "/proc/self/ns/net", "calic440f455693")
+    assert handlers.teardowns.drain()
+    assert kernel.unwired[-1] == ("eth0", None, "calic440f455693")
 
 
 def test_assign_gets_handle_and_pod_attributes(kernel: FakeKernel) -> None:

@@ -5,14 +5,13 @@ from __future__ import annotations
 import ast
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from cni import shim
+from cni import install, shim
 
 SHIM = Path(shim.__file__)
 NETNS = "/proc/self/ns/net"  # exists everywhere; the shim only checks the path
@@ -243,10 +242,8 @@ def test_subprocess_error_goes_to_stdout_with_nonzero_exit() -> None:
 def test_installed_copy_runs_by_its_shebang(tmp_path: Path) -> None:
     """Runtimes exec the plugin file itself: the shebang must run it with -I -S."""
     if not os.path.exists("/usr/bin/python3"):
-        pytest.skip("the shebang names /usr/bin/python3, which this machine lacks")
-    plugin = tmp_path / "tabby"
-    shutil.copy(SHIM, plugin)
-    plugin.chmod(0o755)
+        pytest.skip("the installed launcher names /usr/bin/python3, which this machine lacks")
+    plugin = install.install_plugin(tmp_path, "/usr/bin/python3")
     proc = subprocess.run(
         [str(plugin)],
         input=b"{}",
@@ -257,4 +254,7 @@ def test_installed_copy_runs_by_its_shebang(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert "1.1.0" in json.loads(proc.stdout)["supportedVersions"]
+    assert plugin.read_text().splitlines()[0] == "#!/usr/bin/python3 -IS"
     assert SHIM.read_text().splitlines()[0] == "#!/usr/bin/python3 -IS"
+    # the shim runs from bytecode compiled at install, not from source on every call
+    assert list((tmp_path / "tabby.d" / "__pycache__").glob("tabby_shim.*.pyc"))
