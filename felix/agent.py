@@ -67,7 +67,7 @@ from felix.tunnels import (
     vxlan_mac,
 )
 from felix.wiring import host_ifname_for
-from ipam.allocator import IPAMAllocator
+from ipam.allocator import AGENT_PRECLAIM_BELOW, IPAMAllocator
 from ipam.block import AllocationBlock
 from ipam.selector import SelectorError, parse_selector
 from policy import Pod as PolicyPod
@@ -301,6 +301,7 @@ class Agent:
             self.config.node_name,
             node_labels=self.node_labels,
             on_block_claimed=self._block_claimed,
+            preclaim_below=AGENT_PRECLAIM_BELOW,
         )
         self.allocator = allocator
         addresses = IPAMAddresses(allocator, self.informers["pools"], self.node_labels)
@@ -635,6 +636,8 @@ class Agent:
             self.cni.stop()
         if self.handlers is not None:
             self.handlers.close(timeout=2.0)  # markers left behind are finished at restart
+        if self.allocator is not None:
+            self.allocator.close()  # a background block claim in flight finishes first
         for informer in self.informers.values():
             informer.stop(timeout=0)  # signal all first; watches blocked in a read are daemons
         self.loop.stop()

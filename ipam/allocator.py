@@ -8,10 +8,17 @@ Order of work in `auto_assign` (Calico's AutoAssign):
 3. borrow single addresses from other nodes' blocks, unless strictAffinity.
 
 Every write is a CAS on resourceVersion: a lost race re-reads that one object and
-retries, a bounded number of times. The handle is counted up *before* the block
-write and counted back if the write fails, so a crash can leave a handle counting
-too much (harmless: release by handle frees what the blocks hold) but never an
-allocation without a handle. An IPAMError leaves the datastore as it was.
+retries, a bounded number of times. The handle write and the block write go out
+together (two requests in flight, so an allocation costs one round trip, not two);
+a failed block write counts the handle back, a failed handle write gives the
+addresses back. A crash between the two can leave a handle counting too much
+(harmless: release by handle frees what the blocks hold) or, for a moment, an
+allocation whose handle was never written: release by handle then finds it in this
+node's blocks, and IPAM GC releases it once its pod is gone. An IPAMError leaves
+the datastore as it was.
+
+With `preclaim_below`, the next block is claimed in the background once this
+node's blocks run low, so that no allocation waits for the six requests of a claim.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from ipaddress import IPv4Address, IPv4Network
@@ -70,6 +78,10 @@ T = TypeVar("T")
 P = ParamSpec("P")
 
 DEFAULT_MAX_BLOCKS = 20
+AGENT_PRECLAIM_BELOW = 16
+"""The node agent claims its next block when fewer free addresses than this remain."""
+PRECLAIM_BACKOFF_S = 30.0
+"""After a background claim found nothing (pool full, max blocks), wait this long."""
 CAS_RETRIES = 16
 CLAIM_TIME_ANNOTATION = "tabby.dev/claim-time"
 CRASH_ENV = "TABBY_IPAM_CRASH_AT"
@@ -131,10 +143,20 @@ class IPAMAllocator:
         config_ttl: float = 5.0,
         retries: int = CAS_RETRIES,
         on_block_claimed: Callable[[IPv4Network], None] | None = None,
+        preclaim_below: int = 0,
     ) -> None:
         """`on_block_claimed` is told each block this allocator claims, right after the
-        claim is confirmed: the node agent announces it without waiting for a watch."""
+        claim is confirmed: the node agent announces it without waiting for a watch.
+
+        `preclaim_below` > 0 claims the next block in the background when fewer free
+        addresses remain in this node's blocks (the agent uses AGENT_PRECLAIM_BELOW);
+        0 claims only when an allocation finds the blocks full, as Calico does.
+        """
         self.ds = datastore
+        self.preclaim_below = preclaim_below
+        self._io: ThreadPoolExecutor | None = None
+        self._preclaim: Future[IPAMBlock | None] | None = None
+        self._preclaim_idle_until = 0.0
         self.on_block_claimed = on_block_claimed
         self.node = node
         self.retries = retries
@@ -147,10 +169,24 @@ class IPAMAllocator:
         self._affine: dict[str, IPAMBlock] | None = None  # block name -> last seen
         self._lock = threading.RLock()
 
+    def close(self) -> None:
+        """Let a background claim finish and stop the allocator's I/O threads."""
+        with self._lock:
+            io, self._io = self._io, None
+        if io is not None:
+            io.shutdown(wait=True)
+
+    def _background(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> Future[T]:
+        with self._lock:
+            if self._io is None:
+                self._io = ThreadPoolExecutor(2, thread_name_prefix=f"ipam-{self.node}")
+            return self._io.submit(fn, *args, **kwargs)
+
     # -- configuration, read with a TTL so allocations don't re-read it --------------
     @_locked
     def refresh(self) -> None:
         """Re-read pools, IPAMConfig, node labels and this node's blocks now."""
+        self._take_preclaim(wait=True)
         self._config_read_at = -1e18
         self._affine = None
         self._load()
@@ -209,6 +245,7 @@ class IPAMAllocator:
         if not usable:
             raise PoolExhausted(self._no_pool_message(pools))
         attrs = {"node": self.node, **(attrs or {})}
+        self._take_preclaim(wait=False)
         got: list[IPv4Address] = []
         try:
             got += self._from_affine(usable, handle_id, attrs, num)
@@ -225,6 +262,7 @@ class IPAMAllocator:
         except BaseException:
             self._rollback(got)
             raise
+        self._maybe_preclaim(usable)
         return got
 
     @_locked
@@ -259,8 +297,9 @@ class IPAMAllocator:
         """Free every address of a handle; a second call is a no-op (CNI DEL retries)."""
         handle = self._get_handle(handle_id)
         if handle is None:
-            if missing_ok:
-                return []
+            unrecorded = self._release_unrecorded(handle_id)
+            if unrecorded or missing_ok:
+                return unrecorded
             raise HandleNotFound(f"no allocation has handle {handle_id!r}")
         released: list[IPv4Address] = []
         per_block: dict[str, int] = {}
@@ -277,6 +316,27 @@ class IPAMAllocator:
             if orphan_empty:
                 self._delete_if_orphan_empty(name)
         self._drop_handle(handle, per_block)
+        return released
+
+    def _release_unrecorded(self, handle_id: str) -> list[IPv4Address]:
+        """Addresses of a handle that was never written (a crash between the two writes).
+
+        Looked up in this node's cached blocks, so the usual case (a repeated DEL)
+        costs no request; borrowed addresses are left to IPAM GC.
+        """
+        self._load()
+        assert self._affine is not None
+        holding = [
+            name
+            for name, model in sorted(self._affine.items())
+            if any(attr.handle_id == handle_id for attr in model.spec.attributes)
+        ]
+        released: list[IPv4Address] = []
+        for name in holding:
+            with contextlib.suppress(_BlockGone):
+                released += self._update_block(name, lambda b: _release_handle(b, handle_id))
+        if released:
+            log.info("ipam: released %s of unrecorded handle %s", released, handle_id)
         return released
 
     @_locked
@@ -386,17 +446,40 @@ class IPAMAllocator:
     def _assign_from(
         self, name: str, handle_id: str, attrs: dict[str, str], num: int
     ) -> list[IPv4Address]:
-        """Take up to num from one block; the handle is counted first, fixed up after."""
+        """Take up to num from one block, counting them in the handle at the same time.
+
+        The handle write runs on an I/O thread while this one writes the block; the
+        handle is fixed up after if the block gave fewer, and the addresses are given
+        back if the handle write failed.
+        """
         cached = self._cached(name)
         cidr = cached.spec.cidr if cached else _cidr_from_name(name)
-        self._handle_add(handle_id, cidr, num)
+        counted = self._background(self._handle_add, handle_id, cidr, num)
         got: list[IPv4Address] = []
         try:
             got = self._update_block(name, lambda b: b.auto_assign(num, handle_id, attrs))
-        finally:
-            if len(got) < num:
-                self._handle_add(handle_id, cidr, len(got) - num)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                counted.result()
+                self._handle_add(handle_id, cidr, -num)
+            raise
+        try:
+            counted.result()
+        except BaseException:
+            self._give_back(name, got)
+            raise
+        if len(got) < num:
+            self._handle_add(handle_id, cidr, len(got) - num)
         return got
+
+    def _give_back(self, name: str, got: list[IPv4Address]) -> None:
+        """Undo a block write whose handle write failed (best effort: GC finds the rest)."""
+        if not got:
+            return
+        try:
+            self._update_block(name, lambda b: b.release(got))
+        except Exception:
+            log.exception("ipam: could not give back %s after its handle failed", got)
 
     # -- step 2: claiming --------------------------------------------------------------
     def _may_claim(self) -> bool:
@@ -405,6 +488,7 @@ class IPAMAllocator:
 
     def _claim_in(self, usable: list[IPPool]) -> IPAMBlock | None:
         """Claim the first free block CIDR (node-seeded order) of the usable pools."""
+        self._take_preclaim(wait=True)  # a claim in flight may be the block we need
         live = self._reload_affine()
         assert self._affine is not None
         if len(self._affine) >= self.max_blocks:
@@ -424,17 +508,76 @@ class IPAMAllocator:
         return None
 
     def _claim_cidr(self, cidr: IPv4Network) -> IPAMBlock:
-        """Two-phase claim; also the repair path for an interrupted earlier claim."""
+        """Claim cidr and cache the block (lock held)."""
+        block = self._claim_steps(cidr)
+        assert self._affine is not None
+        self._affine[block.name] = block
+        return block
+
+    def _claim_steps(self, cidr: IPv4Network) -> IPAMBlock:
+        """Two-phase claim; also the repair path for an interrupted earlier claim.
+
+        Datastore writes only (no cache): the background claim runs it without the lock.
+        """
         affinity = self._pending_affinity(cidr)
         _checkpoint("affinity-pending")
         block = self._create_block(cidr, affinity)
         _checkpoint("block-created")
         self._confirm(affinity)
         _checkpoint("affinity-confirmed")
-        assert self._affine is not None
-        self._affine[block.name] = block
         self._tell_claimed(cidr)
         return block
+
+    # -- claiming ahead, in the background ------------------------------------------------
+    def _maybe_preclaim(self, usable: list[IPPool]) -> None:
+        """Start a background claim when this node's usable blocks run low (lock held)."""
+        if self.preclaim_below <= 0 or self._preclaim is not None or not self._may_claim():
+            return
+        if time.monotonic() < self._preclaim_idle_until:
+            return
+        assert self._affine is not None
+        free = sum(
+            len(m.spec.unallocated)
+            for m in self._affine.values()
+            if not m.spec.deleted and _in_pools(m.spec.cidr, usable)
+        )
+        if free < self.preclaim_below:
+            self._preclaim = self._background(self._claim_ahead, list(usable), self.max_blocks)
+
+    def _claim_ahead(self, usable: list[IPPool], max_blocks: int) -> IPAMBlock | None:
+        """Background: claim the next free CIDR; the caller's thread caches the result."""
+        live = [b for b in self.ds.list(IPAMBlock) if not b.spec.deleted]
+        mine = host_affinity(self.node)
+        if sum(1 for b in live if b.spec.affinity == mine) >= max_blocks:
+            return None
+        taken = {b.spec.cidr for b in live}
+        for pool in usable:
+            for cidr in block_cidrs(pool, self.node):
+                if str(cidr) in taken:
+                    continue
+                try:
+                    block = self._claim_steps(cidr)
+                except _ClaimLost:
+                    continue
+                log.info("ipam: node %s claimed %s ahead of need", self.node, cidr)
+                return block
+        return None
+
+    def _take_preclaim(self, *, wait: bool) -> None:
+        """Cache the block a finished background claim got (lock held)."""
+        future = self._preclaim
+        if future is None or not (wait or future.done()):
+            return
+        self._preclaim = None
+        try:
+            block = future.result()
+        except Exception as exc:  # the foreground claims instead, and reports its error
+            log.warning("ipam: node %s: background block claim failed: %s", self.node, exc)
+            block = None
+        if block is None:
+            self._preclaim_idle_until = time.monotonic() + PRECLAIM_BACKOFF_S
+        elif self._affine is not None:
+            self._affine.setdefault(block.name, block)
 
     def _tell_claimed(self, cidr: IPv4Network) -> None:
         """A failing listener must not fail the allocation: the claim is already real."""
