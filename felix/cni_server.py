@@ -488,7 +488,12 @@ class CNIHandlers:
         return PodKey(ep.namespace, ep.pod, ep.pod_uid, ep.container_id)
 
     def _attrs(self, request: CNIRequest) -> dict[str, str]:
-        attrs = {"container_id": request.container_id, "ifname": request.ifname}
+        """What each address records in its block (the container ID is in the handle).
+
+        Kept short: every allocation rewrites the whole block, and the apiserver's
+        cost per write grows with the block's size.
+        """
+        attrs = {"ifname": request.ifname}
         for key, name in (("K8S_POD_NAMESPACE", "namespace"), ("K8S_POD_NAME", "pod")):
             if request.args.get(key):
                 attrs[name] = request.args[key]

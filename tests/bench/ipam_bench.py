@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
+import secrets
 import statistics
 import sys
 import tempfile
@@ -42,6 +43,12 @@ def percentile(samples: list[float], q: float) -> float:
     return ordered[index]
 
 
+def pod_allocation(node: str, pod: str) -> tuple[str, dict[str, str]]:
+    """A handle and attributes the size the CNI server writes for a real pod."""
+    handle = f"k8s-pod-network.{secrets.token_hex(32)}"  # <network>.<64-hex container ID>
+    return handle, {"ifname": "eth0", "namespace": "bench", "pod": f"{node}-{pod}-7d9f8b6c5-x2k4q"}
+
+
 def timed_allocations(kubeconfig: str, node: str, count: int) -> list[float]:
     """Milliseconds per auto_assign, after a warm-up that claims the first block.
 
@@ -50,11 +57,12 @@ def timed_allocations(kubeconfig: str, node: str, count: int) -> list[float]:
     ds = Datastore.from_kubeconfig(kubeconfig)
     allocator = IPAMAllocator(ds, node, config_ttl=60, preclaim_below=AGENT_PRECLAIM_BELOW)
     for i in range(WARMUP):
-        allocator.auto_assign(f"{node}-warm-{i}", {"node": node}, pools=[POOL])
+        allocator.auto_assign(*pod_allocation(node, f"warm{i}"), pools=[POOL])
     samples = []
     for i in range(count):
+        handle, attrs = pod_allocation(node, str(i))
         began = time.perf_counter()
-        allocator.auto_assign(f"{node}-{i}", {"node": node}, pools=[POOL])
+        allocator.auto_assign(handle, attrs, pools=[POOL])
         samples.append((time.perf_counter() - began) * 1000)
     allocator.close()
     return samples
