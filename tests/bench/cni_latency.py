@@ -87,8 +87,12 @@ def start_agent(node: str, sock: str, log: Path) -> subprocess.Popen[bytes]:
 
 def summary(name: str, values: list[float]) -> str:
     ms = sorted(v * 1000 for v in values)
-    p90 = ms[int(len(ms) * 0.9) - 1]
-    return f"{name}: median {statistics.median(ms):.1f} ms, p90 {p90:.1f} ms, n={len(ms)}"
+    p90 = ms[max(0, round(len(ms) * 0.9) - 1)]
+    p99 = ms[max(0, round(len(ms) * 0.99) - 1)]
+    return (
+        f"{name}: p50 {statistics.median(ms):.1f} ms, p90 {p90:.1f} ms, p99 {p99:.1f} ms, "
+        f"n={len(ms)}"
+    )
 
 
 def _agent_times(log: Path) -> dict[str, list[float]]:
