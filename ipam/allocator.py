@@ -218,10 +218,13 @@ class IPAMAllocator:
 
     def _reload_affine(self) -> list[IPAMBlock]:
         """Cache this node's blocks; return every live block (for claim and borrow)."""
-        live = [b for b in self.ds.list(IPAMBlock) if not b.spec.deleted]
+        live = self._live_blocks()
         mine = host_affinity(self.node)
         self._affine = {b.name: b for b in live if b.spec.affinity == mine}
         return live
+
+    def _live_blocks(self) -> list[IPAMBlock]:
+        return [b for b in self.ds.list(IPAMBlock) if not b.spec.deleted]
 
     # -- public API ------------------------------------------------------------------
     @_locked
@@ -347,7 +350,7 @@ class IPAMAllocator:
     ) -> ReleaseResult:
         """Free specific addresses; with sequence numbers, skip any reassigned since."""
         wanted = [IPv4Address(ip) for ip in ips]
-        blocks = [b for b in self.ds.list(IPAMBlock) if not b.spec.deleted]
+        blocks = self._live_blocks()
         released: list[IPv4Address] = []
         not_allocated: list[IPv4Address] = []
         stale: list[IPv4Address] = []
@@ -496,13 +499,20 @@ class IPAMAllocator:
         for model in self._affine.values():  # another process of ours claimed one
             if model.spec.unallocated and _in_pools(model.spec.cidr, usable):
                 return model
+        block = self._claim_first_free(usable, live)
+        if block is not None:
+            self._affine[block.name] = block
+        return block
+
+    def _claim_first_free(self, usable: list[IPPool], live: list[IPAMBlock]) -> IPAMBlock | None:
+        """Claim the first CIDR (node-seeded order) that no live block holds; no cache."""
         taken = {b.spec.cidr for b in live}
         for pool in usable:
             for cidr in block_cidrs(pool, self.node):
                 if str(cidr) in taken:
                     continue
                 try:
-                    return self._claim_cidr(cidr)
+                    return self._claim_steps(cidr)
                 except _ClaimLost:
                     continue
         return None
@@ -546,22 +556,14 @@ class IPAMAllocator:
 
     def _claim_ahead(self, usable: list[IPPool], max_blocks: int) -> IPAMBlock | None:
         """Background: claim the next free CIDR; the caller's thread caches the result."""
-        live = [b for b in self.ds.list(IPAMBlock) if not b.spec.deleted]
+        live = self._live_blocks()
         mine = host_affinity(self.node)
         if sum(1 for b in live if b.spec.affinity == mine) >= max_blocks:
             return None
-        taken = {b.spec.cidr for b in live}
-        for pool in usable:
-            for cidr in block_cidrs(pool, self.node):
-                if str(cidr) in taken:
-                    continue
-                try:
-                    block = self._claim_steps(cidr)
-                except _ClaimLost:
-                    continue
-                log.info("ipam: node %s claimed %s ahead of need", self.node, cidr)
-                return block
-        return None
+        block = self._claim_first_free(usable, live)
+        if block is not None:
+            log.info("ipam: node %s claimed %s ahead of need", self.node, block.spec.cidr)
+        return block
 
     def _take_preclaim(self, *, wait: bool) -> None:
         """Cache the block a finished background claim got (lock held)."""

@@ -11,8 +11,7 @@ import contextlib
 import os
 import signal
 import subprocess
-import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from bgp.speaker import Speaker
@@ -69,16 +68,6 @@ class Lab:
                     os.killpg(pid, signal.SIGKILL)
         for ns in reversed(self.namespaces):
             netns.delete(ns)
-
-
-def wait_for(check: Callable[[], bool], timeout: float = 20.0, what: str = "condition") -> None:
-    """Poll until check() is true; fail with `what` after timeout seconds."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 @contextlib.contextmanager

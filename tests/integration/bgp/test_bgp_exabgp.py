@@ -28,7 +28,8 @@ from bgp.routes import PROTO_BGP
 from bgp.speaker import Speaker, SpeakerOptions
 from datastore.models import BGPPeer, BlockAffinity
 from tabbyctl.node import node as node_cmd
-from tests.integration.bgp.bgp_netns import Lab, wait_for
+from tests.helpers import wait_for
+from tests.integration.bgp.bgp_netns import Lab
 
 pytestmark = pytest.mark.integration
 

@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 
 from datastore.models import BGPPeer
-from tests.integration.bgp.bgp_netns import Lab, daemon, stop_daemon, wait_for
+from tests.helpers import wait_for
+from tests.integration.bgp.bgp_netns import Lab, daemon, stop_daemon
 from tests.integration.bgp.test_bgp_exabgp import Agent, node, start_agent
 
 pytestmark = pytest.mark.integration
@@ -76,10 +77,10 @@ def _next_hop(path: dict[str, Any]) -> str:
 
 def gobgp_established(ns: str, address: str) -> bool:
     try:
-        out = gobgp(ns, "-j", "neighbor", address)
-    except subprocess.CalledProcessError:
-        return False
-    state = (json.loads(out).get("state") or {}).get("session_state")
+        neighbor = json.loads(gobgp(ns, "-j", "neighbor", address))
+    except (subprocess.CalledProcessError, ValueError):
+        return False  # the API is not up yet (or answered nothing)
+    state = (neighbor.get("state") or {}).get("session_state")
     return state in (6, "established", "ESTABLISHED")
 
 

@@ -16,7 +16,8 @@ import pytest
 from bgp.config import compute_plan, render_exabgp_config
 from bgp.speaker import HELPER
 from datastore.models import BGPConfiguration, BGPPeer
-from tests.integration.bgp.bgp_netns import Lab, daemon, wait_for
+from tests.helpers import wait_for
+from tests.integration.bgp.bgp_netns import Lab, daemon
 from tests.integration.bgp.test_bgp_exabgp import node, start_agent
 
 pytestmark = pytest.mark.integration
