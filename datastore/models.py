@@ -80,20 +80,14 @@ class IPPool(Resource):
     spec: IPPoolSpec
 
 
-class AllocationAttribute(Wire):
-    handle_id: str | None = Field(default=None, alias="handleID")
-    secondary: dict[str, str] | None = None
-
-
 class IPAMBlockSpec(Wire):
     cidr: str
     affinity: str | None = None
     affinity_claim_time: str | None = None
     allocations: list[int | None]
     unallocated: list[int]
-    attributes: list[AllocationAttribute] = Field(default_factory=list)
+    attributes: list[str] = Field(default_factory=list)  # ipam.block.Attribute.encode()
     sequence_number: int = 0
-    sequence_number_for_allocation: dict[str, int] = Field(default_factory=dict)
     deleted: bool = False
 
 

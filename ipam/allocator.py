@@ -66,6 +66,7 @@ from ipam.pools import (
     cidr_name,
     handle_name,
     node_seed,
+    parse_network,
     pool_containing,
     pool_network,
     select_pools,
@@ -332,7 +333,7 @@ class IPAMAllocator:
         holding = [
             name
             for name, model in sorted(self._affine.items())
-            if any(attr.handle_id == handle_id for attr in model.spec.attributes)
+            if handle_id in AllocationBlock.from_spec(model.spec).handle_counts()
         ]
         released: list[IPv4Address] = []
         for name in holding:
@@ -920,7 +921,7 @@ def _orphan_empty(block: AllocationBlock) -> bool:
 
 
 def _in_pools(cidr: str, pools: list[IPPool]) -> bool:
-    return pool_containing(IPv4Network(cidr), pools) is not None
+    return pool_containing(parse_network(cidr), pools) is not None
 
 
 def _encap(pool: IPPool, kind: str) -> bool:

@@ -13,6 +13,7 @@ Pool lifecycle (decided here, enforced by the allocator and `tabbyctl ipam check
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -140,10 +141,16 @@ def _selects(pool: IPPool, labels: Mapping[str, str]) -> bool:
         return False
 
 
+@functools.lru_cache(maxsize=4096)
+def parse_network(cidr: str) -> IPv4Network:
+    """IPv4Network(cidr), parsed once: every allocation checks each block against the pools."""
+    return IPv4Network(cidr)
+
+
 def pool_containing(address: IPv4Address | IPv4Network, pools: Iterable[IPPool]) -> IPPool | None:
     """The pool whose CIDR holds an address or a block, if any."""
     for pool in pools:
-        network = IPv4Network(pool.spec.cidr)
+        network = parse_network(pool.spec.cidr)
         if isinstance(address, IPv4Network):
             if address.subnet_of(network):
                 return pool

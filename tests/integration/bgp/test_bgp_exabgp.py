@@ -143,8 +143,8 @@ def test_mesh_routes_reach_the_other_kernel_and_leave_when_the_peer_dies(
     assert [c.strip() for c in row.strip("│").split("│")][1:3] == ["node-to-node mesh", "up"]
 
     # drift: someone deletes our route; the next resync puts it back
+    # (no check that it is gone: a pass the speaker runs meanwhile may already repair it)
     subprocess.run(["ip", "-n", b.ns, "route", "del", "10.244.1.0/26"], check=True)
-    assert via_a not in b.kernel()
     result = b.controller.resync().routes
     # restored by this resync, or by a pass the speaker ran meanwhile (both are resyncs)
     assert via_a in b.kernel()

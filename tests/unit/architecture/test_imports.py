@@ -40,8 +40,8 @@ IO_MODULES = {
     "threading",
     "shutil",
 }
-# Typed data without I/O that pure code may use.
-PURE_ALLOWED = {"datastore.models", "datastore.kinds", "datastore.errors"}
+# Typed data and string codecs without I/O that pure code may use.
+PURE_ALLOWED = {"datastore.models", "datastore.kinds", "datastore.errors", "urllib.parse"}
 PURE_FILES = [
     *sorted((REPO / "policy").glob("*.py")),
     REPO / "ipam" / "block.py",

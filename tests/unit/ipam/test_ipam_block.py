@@ -9,10 +9,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from datastore.models import IPAMBlock, IPAMBlockSpec, Meta
-from ipam.block import AllocationBlock, host_affinity
+from ipam.block import AllocationBlock, Attribute, host_affinity
 from ipam.errors import AddressInUse, AddressNotAllocated, BadSequenceNumber, BlockCorrupt
 
 ip = IPv4Address
+UNICODE = st.characters(blacklist_categories=("Cs",))  # what JSON strings carry
 
 
 def test_new_block_is_empty_and_sound() -> None:
@@ -22,16 +23,17 @@ def test_new_block_is_empty_and_sound() -> None:
     block.verify()
 
 
-def test_auto_assign_takes_fifo_head_and_shares_attributes() -> None:
+def test_auto_assign_takes_fifo_head_with_one_attribute_per_call() -> None:
     block = AllocationBlock.new("10.0.0.0/29")
     got = block.auto_assign(3, "h1", {"pod": "a", "namespace": "ns"})
     assert got == [ip("10.0.0.0"), ip("10.0.0.1"), ip("10.0.0.2")]
-    assert len(block.attributes) == 1
+    assert len(block.attributes) == 1  # one call's addresses share the entry
     more = block.auto_assign(1, "h1", {"namespace": "ns", "pod": "a"})
     assert more == [ip("10.0.0.3")]
-    assert len(block.attributes) == 1  # identical holder shares the entry
+    assert len(block.attributes) == 2  # a later call has its own sequence number
+    assert [a.sequence_number for a in block.attributes] == [1, 2]
     block.auto_assign(1, "h2", None)
-    assert len(block.attributes) == 2
+    assert len(block.attributes) == 3
     assert block.handle_counts() == {"h1": 4, "h2": 1}
     block.verify()
 
@@ -117,8 +119,38 @@ def test_spec_round_trip_through_model() -> None:
     wire = IPAMBlock(metadata=Meta(name="10-1-2-0-28"), spec=block.to_spec()).to_wire()
     again = AllocationBlock.from_spec(IPAMBlock.from_wire(wire).spec)
     assert again == block
-    assert wire["spec"]["sequenceNumberForAllocation"] == {"0": 1, "2": 1}
-    assert wire["spec"]["attributes"] == [{"handleID": "h", "secondary": {"pod": "p"}}]
+    assert wire["spec"]["attributes"] == ["1 h?pod=p"]
+    assert wire["spec"]["allocations"] == [0, None, 0] + [None] * 13
+    assert "sequenceNumberForAllocation" not in wire["spec"]
+
+
+def test_attribute_wire_string_escapes_what_it_must() -> None:
+    odd = Attribute.of("net work/1?&x", {"pod": "a b&c=d", "ns": ""}, 7)
+    assert odd.encode() == "7 net%20work%2F1%3F%26x?ns=&pod=a+b%26c%3Dd"
+    assert Attribute.decode(odd.encode()) == odd
+    assert Attribute.decode("3 ") == Attribute.of(None, None, 3)  # tunnel-style, no handle
+
+
+@pytest.mark.parametrize("text", ["", "h?pod=p", "x h", "-1 h", "1 h?pod"])
+def test_unreadable_attribute_is_reported_as_corrupt(text: str) -> None:
+    spec = IPAMBlockSpec(
+        cidr="10.0.0.0/31", allocations=[0, None], unallocated=[1], attributes=[text]
+    )
+    with pytest.raises(BlockCorrupt, match=r"block 10\.0\.0\.0/31"):
+        AllocationBlock.from_spec(spec)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.one_of(st.none(), st.text(UNICODE, min_size=1)),
+    st.dictionaries(st.text(UNICODE, min_size=1), st.text(UNICODE)),
+    st.integers(0, 2**62),
+)
+def test_attribute_wire_string_round_trips(
+    handle: str | None, attrs: dict[str, str], seq: int
+) -> None:
+    attribute = Attribute.of(handle, attrs, seq)
+    assert Attribute.decode(attribute.encode()) == attribute
 
 
 def test_verify_reports_corruption() -> None:
@@ -184,6 +216,7 @@ def test_random_sequences_keep_invariants(sequence: list[tuple[str, int, str]]) 
             assert block.release_handle(handle).get(handle, 0) == expected
             holders = {a: h for a, h in holders.items() if h != handle}
         block.verify()
+        assert AllocationBlock.from_spec(block.to_spec()) == block
         assert block.sequence_number >= last_seq
         last_seq = block.sequence_number
         assert block.used_count == len(holders)
