@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 from datastore import kinds
 from datastore.errors import Conflict, NotFound
 from datastore.models import Resource
-from datastore.transport import HttpTransport, Query, Transport
+from datastore.transport import METADATA_LIST, HttpTransport, Query, Transport
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +59,11 @@ class Datastore:
         body = self.transport.request("GET", kind.collection_path(namespace), query=query)
         items: list[Body] = body.get("items") or []
         return items, str(body.get("metadata", {}).get("resourceVersion", ""))
+
+    def list_names(self, kind: kinds.ResourceKind) -> list[str]:
+        """Names of every object of a kind, from a metadata-only list (cheap at any size)."""
+        body = self.transport.request("GET", kind.collection_path(), accept=METADATA_LIST)
+        return [item["metadata"]["name"] for item in body.get("items") or []]
 
     def create_raw(self, kind: kinds.ResourceKind, body: Body) -> Body:
         namespace = body.get("metadata", {}).get("namespace")

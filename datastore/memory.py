@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from datastore.errors import AlreadyExists, Conflict, NotFound
-from datastore.transport import Query
+from datastore.transport import METADATA_LIST, Query
 
 Key = tuple[str, str, str]  # (group/version/plural, namespace, name)
 FaultHook = Callable[[str, str], None]
@@ -53,6 +53,7 @@ class MemoryTransport:
         query: Query | None = None,
         body: Any = None,
         content_type: str = "application/json",
+        accept: str | None = None,
         timeout: float = 30.0,
     ) -> dict[str, Any]:
         if self.fault_hook:
@@ -61,7 +62,10 @@ class MemoryTransport:
         with self._lock:
             self.requests += 1
             if method == "GET" and name is None:
-                return self._list(collection, namespace)
+                listed = self._list(collection, namespace)
+                if accept == METADATA_LIST:
+                    listed["items"] = [{"metadata": i["metadata"]} for i in listed["items"]]
+                return listed
             if method == "GET":
                 return copy.deepcopy(self._get(collection, namespace, name or ""))
             if method == "POST":

@@ -23,6 +23,9 @@ log = logging.getLogger(__name__)
 
 Query = dict[str, str | int | bool]
 
+# Ask a list for metadata only (names, versions, labels): no specs to send or parse.
+METADATA_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
+
 # "storage is (re)initializing" (429) and 5xx on reads are worth a short wait.
 RETRY_ATTEMPTS = 8
 RETRY_INITIAL_S = 0.1
@@ -40,6 +43,7 @@ class Transport(Protocol):
         query: Query | None = None,
         body: Any = None,
         content_type: str = "application/json",
+        accept: str | None = None,
         timeout: float = 30.0,
     ) -> dict[str, Any]: ...
 
@@ -87,20 +91,21 @@ class HttpTransport:
         query: Query | None = None,
         body: Any = None,
         content_type: str = "application/json",
+        accept: str | None = None,
         timeout: float = 30.0,
     ) -> dict[str, Any]:
         """One request; retried while the apiserver asks to (429) or, for reads, is busy."""
         delay = RETRY_INITIAL_S
         for _ in range(RETRY_ATTEMPTS - 1):
             try:
-                return self._request_once(method, path, query, body, content_type, timeout)
+                return self._request_once(method, path, query, body, content_type, accept, timeout)
             except Unavailable as exc:
                 if not (exc.status == 429 or (method == "GET" and exc.status >= 500)):
                     raise
                 log.debug("%s %s: %s; retrying in %.2fs", method, path, exc, delay)
                 time.sleep(delay)
                 delay = min(delay * 2, RETRY_CAP_S)
-        return self._request_once(method, path, query, body, content_type, timeout)
+        return self._request_once(method, path, query, body, content_type, accept, timeout)
 
     def _request_once(
         self,
@@ -109,9 +114,12 @@ class HttpTransport:
         query: Query | None,
         body: Any,
         content_type: str,
+        accept: str | None,
         timeout: float,
     ) -> dict[str, Any]:
         headers = dict(self._headers)
+        if accept:
+            headers["Accept"] = accept
         data = None
         if body is not None:
             headers["Content-Type"] = content_type

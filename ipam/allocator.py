@@ -507,7 +507,9 @@ class IPAMAllocator:
 
     def _claim_first_free(self, usable: list[IPPool], live: list[IPAMBlock]) -> IPAMBlock | None:
         """Claim the first CIDR (node-seeded order) that no live block holds; no cache."""
-        taken = {b.spec.cidr for b in live}
+        return self._claim_first_untaken(usable, {b.spec.cidr for b in live})
+
+    def _claim_first_untaken(self, usable: list[IPPool], taken: set[str]) -> IPAMBlock | None:
         for pool in usable:
             for cidr in block_cidrs(pool, self.node):
                 if str(cidr) in taken:
@@ -553,15 +555,20 @@ class IPAMAllocator:
             if not m.spec.deleted and _in_pools(m.spec.cidr, usable)
         )
         if free < self.preclaim_below:
-            self._preclaim = self._background(self._claim_ahead, list(usable), self.max_blocks)
+            self._preclaim = self._background(self._claim_ahead, list(usable))
 
-    def _claim_ahead(self, usable: list[IPPool], max_blocks: int) -> IPAMBlock | None:
-        """Background: claim the next free CIDR; the caller's thread caches the result."""
-        live = self._live_blocks()
-        mine = host_affinity(self.node)
-        if sum(1 for b in live if b.spec.affinity == mine) >= max_blocks:
-            return None
-        block = self._claim_first_free(usable, live)
+    def _claim_ahead(self, usable: list[IPPool]) -> IPAMBlock | None:
+        """Background: claim the next free CIDR; the caller's thread caches the result.
+
+        Free CIDRs are found from the blocks' names alone (a metadata-only list): a
+        full list would send and parse every block in the cluster while this
+        node's allocations wait for the same apiserver and CPU. maxBlocksPerHost was
+        checked against this node's cached blocks when the claim was started.
+        """
+        # a name not in cidr_name's form can only hide a CIDR whose create then fails
+        names = self.ds.list_names(kinds.IPAMBLOCK)
+        taken = {_cidr_from_name(n) for n in names if n.count("-") == 4}
+        block = self._claim_first_untaken(usable, taken)
         if block is not None:
             log.info("ipam: node %s claimed %s ahead of need", self.node, block.spec.cidr)
         return block

@@ -14,6 +14,7 @@ from datastore.client import Datastore
 from datastore.errors import Invalid
 from datastore.informer import Handlers, Informer
 from datastore.models import IPPool, IPPoolSpec, Meta
+from datastore.transport import METADATA_LIST
 from lab.controlplane import ControlPlane
 
 
@@ -115,6 +116,17 @@ def test_cas_conflict_is_retried_and_final_object_is_right(datastore: Datastore)
     stored = datastore.get(IPPool, "cas")
     assert stored.spec.disabled and stored.spec.nat_outgoing
     datastore.delete(stored)
+
+
+def test_names_come_from_a_metadata_only_list(datastore: Datastore) -> None:
+    for name, cidr in (("names-a", "10.21.0.0/16"), ("names-b", "10.22.0.0/16")):
+        datastore.create(_pool(name, cidr))
+    raw = datastore.transport.request("GET", kinds.IPPOOL.collection_path(), accept=METADATA_LIST)
+    assert raw["kind"] == "PartialObjectMetadataList"
+    assert all("spec" not in item for item in raw["items"])
+    assert {"names-a", "names-b"} <= set(datastore.list_names(kinds.IPPOOL))
+    for name in ("names-a", "names-b"):
+        datastore.delete(datastore.get(IPPool, name))
 
 
 class Recorder:
