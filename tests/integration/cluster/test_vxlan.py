@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import queue
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -39,6 +41,25 @@ def _wait_route(cluster: LabCluster, node: str, pod_ip: str, needle: str) -> str
     raise AssertionError(f"{node} -> {pod_ip}: {route!r} never used {needle!r}")
 
 
+def _wait_listening(capture: subprocess.Popen[str], timeout: float = 10.0) -> None:
+    """Until tcpdump says it captures (a fixed sleep lost the pings on a busy machine)."""
+    assert capture.stderr is not None
+    lines: queue.Queue[str] = queue.Queue()
+    stderr = capture.stderr
+    threading.Thread(target=lambda: [lines.put(x) for x in stderr], daemon=True).start()
+    deadline = time.monotonic() + timeout
+    said: list[str] = []
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            line = lines.get(timeout=left)
+        except queue.Empty:
+            break
+        if "listening on" in line:
+            return
+        said.append(line)
+    raise AssertionError(f"tcpdump did not start capturing: {''.join(said)!r}")
+
+
 def _vxlan_packets_on_router(cluster: LabCluster, send: list[str], pod_netns: str) -> int:
     """Count UDP/4789 frames the router forwards while a pod pings."""
     assert cluster.lab is not None
@@ -60,11 +81,11 @@ def _vxlan_packets_on_router(cluster: LabCluster, send: list[str], pod_netns: st
             "4789",
         ],
         stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
         text=True,
     )
     try:
-        time.sleep(1.0)  # tcpdump attaches
+        _wait_listening(capture)
         subprocess.run(["ip", "netns", "exec", pod_netns, *send], capture_output=True, check=False)
         out, _ = capture.communicate(timeout=5)
     except subprocess.TimeoutExpired:
