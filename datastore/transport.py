@@ -6,14 +6,17 @@ client library), so that watch streams are read line by line without buffering.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlencode
 
 import urllib3
+import yaml
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 
@@ -57,15 +60,57 @@ def _query_string(query: Query | None) -> str:
     return "?" + urlencode(flat)
 
 
-class HttpTransport:
-    """HTTPS to one apiserver, authenticated as the kubeconfig says."""
+class TokenFile:
+    """A kubeconfig user's `tokenFile`, re-read whenever the file changes.
 
-    def __init__(self, configuration: k8s_client.Configuration) -> None:
+    kubelet rotates projected ServiceAccount tokens (about hourly, by swapping a
+    symlink); the kubernetes client reads the file once, at load.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._seen: tuple[int, int, int] | None = None
+        self._header: str | None = None
+
+    def __call__(self) -> str | None:
+        st = self.path.stat()
+        key = (st.st_ino, st.st_mtime_ns, st.st_size)
+        if key != self._seen:
+            token = self.path.read_text().strip()
+            self._header = f"Bearer {token}" if token else None
+            self._seen = key
+        return self._header
+
+
+def _token_file(path: str, context: str | None) -> TokenFile | None:
+    """The current (or named) context's user tokenFile, relative to the kubeconfig."""
+    config = yaml.safe_load(Path(path).read_text()) or {}
+    name = context or config.get("current-context")
+    ctx = next((c for c in config.get("contexts") or [] if c.get("name") == name), None)
+    user_name = ((ctx or {}).get("context") or {}).get("user")
+    user = next((u for u in config.get("users") or [] if u.get("name") == user_name), None)
+    token_file = ((user or {}).get("user") or {}).get("tokenFile")
+    if not token_file or ((user or {}).get("user") or {}).get("token"):
+        return None  # kubectl too prefers an inline token
+    return TokenFile(Path(path).parent / token_file)
+
+
+class HttpTransport:
+    """HTTPS to one apiserver, authenticated as the kubeconfig says.
+
+    Client certificates go into the TLS context; a bearer token (inline, from an
+    exec plugin or auth provider, or from a tokenFile) is looked up per request so
+    that a refreshed token is used as soon as it exists.
+    """
+
+    def __init__(
+        self,
+        configuration: k8s_client.Configuration,
+        token: Callable[[], str | None] | None = None,
+    ) -> None:
         self.host = configuration.host.rstrip("/")
         self._headers: dict[str, str] = {"Accept": "application/json"}
-        token = (configuration.api_key or {}).get("authorization")
-        if token:
-            self._headers["Authorization"] = token
+        self._token = token or functools.partial(_configured_token, configuration)
         self._pool = urllib3.PoolManager(
             num_pools=4,
             maxsize=8,
@@ -81,7 +126,14 @@ class HttpTransport:
         k8s_config.load_kube_config(
             config_file=path, context=context, client_configuration=configuration
         )
-        return cls(configuration)
+        return cls(configuration, _token_file(path, context))
+
+    def _auth_headers(self) -> dict[str, str]:
+        headers = dict(self._headers)
+        token = self._token()
+        if token:
+            headers["Authorization"] = token
+        return headers
 
     def request(
         self,
@@ -117,7 +169,7 @@ class HttpTransport:
         accept: str | None,
         timeout: float,
     ) -> dict[str, Any]:
-        headers = dict(self._headers)
+        headers = self._auth_headers()
         if accept:
             headers["Accept"] = accept
         data = None
@@ -143,7 +195,7 @@ class HttpTransport:
             resp = self._pool.request(
                 "GET",
                 url,
-                headers=self._headers,
+                headers=self._auth_headers(),
                 preload_content=False,
                 timeout=urllib3.Timeout(connect=10.0, read=timeout),
                 retries=False,
@@ -158,6 +210,18 @@ class HttpTransport:
             raise Unavailable(f"watch on {path} broke: {exc}") from exc
         finally:
             resp.release_conn()
+
+
+def _configured_token(configuration: k8s_client.Configuration) -> str | None:
+    """The client library's bearer token ("Bearer ..."); its hook refreshes expiring ones.
+
+    The client library keeps it under api_key["BearerToken"] (older releases used
+    "authorization"); reading only the old key sent no token at all.
+    """
+    if not configuration.api_key:
+        return None
+    token: str | None = configuration.get_api_key_with_prefix("BearerToken", alias="authorization")
+    return token
 
 
 def _json_lines(resp: urllib3.BaseHTTPResponse) -> Iterator[dict[str, Any]]:

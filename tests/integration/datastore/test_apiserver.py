@@ -6,12 +6,14 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
+import yaml
 
 from datastore import kinds
 from datastore.client import Datastore
-from datastore.errors import Invalid
+from datastore.errors import DatastoreError, Invalid
 from datastore.informer import Handlers, Informer
 from datastore.models import IPPool, IPPoolSpec, Meta
 from datastore.transport import METADATA_LIST
@@ -127,6 +129,63 @@ def test_names_come_from_a_metadata_only_list(datastore: Datastore) -> None:
     assert {"names-a", "names-b"} <= set(datastore.list_names(kinds.IPPOOL))
     for name in ("names-a", "names-b"):
         datastore.delete(datastore.get(IPPool, name))
+
+
+def _service_account_token(datastore: Datastore, name: str) -> str:
+    """A bound token for a ServiceAccount allowed to read IPPools (as tabby-node's is)."""
+    t = datastore.transport
+    t.request(
+        "POST", "/api/v1/namespaces/default/serviceaccounts", body={"metadata": {"name": name}}
+    )
+    rules = [{"apiGroups": ["crd.tabby.dev"], "resources": ["ippools"], "verbs": ["list"]}]
+    rbac = "/apis/rbac.authorization.k8s.io/v1"
+    t.request("POST", f"{rbac}/clusterroles", body={"metadata": {"name": name}, "rules": rules})
+    binding = {
+        "metadata": {"name": name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": "default"}],
+    }
+    t.request("POST", f"{rbac}/clusterrolebindings", body=binding)
+    request = {"spec": {"expirationSeconds": 3600}}
+    path = f"/api/v1/namespaces/default/serviceaccounts/{name}/token"
+    return str(t.request("POST", path, body=request)["status"]["token"])
+
+
+def test_service_account_token_file_authenticates_and_is_reread(
+    control_plane: ControlPlane, datastore: Datastore, tmp_path: Path
+) -> None:
+    """The DaemonSet's kubeconfig: server, CA and a tokenFile in the ServiceAccount mount."""
+    token = _service_account_token(datastore, "token-file-reader")
+    try:
+        admin = yaml.safe_load(control_plane.kubeconfig.read_text())
+        admin["users"] = [{"name": "sa", "user": {"tokenFile": "sa/token"}}]
+        admin["contexts"][0]["context"]["user"] = "sa"
+        (tmp_path / "sa").mkdir()
+        (tmp_path / "sa" / "token").write_text("not-a-valid-token")
+        (tmp_path / "kubeconfig").write_text(yaml.safe_dump(admin))
+        as_sa = Datastore.from_kubeconfig(str(tmp_path / "kubeconfig"))
+        with pytest.raises(DatastoreError) as refused:
+            as_sa.list(IPPool)
+        assert refused.value.status == 401
+        (tmp_path / "sa" / "token.new").write_text(token)  # rotated, as kubelet does
+        (tmp_path / "sa" / "token.new").replace(tmp_path / "sa" / "token")
+        as_sa.list(IPPool)  # the same client, now authenticated as the ServiceAccount
+        with pytest.raises(DatastoreError) as forbidden:
+            as_sa.list_raw(kinds.NODE)
+        assert forbidden.value.status == 403
+        assert "system:serviceaccount:default:token-file-reader" in str(forbidden.value)
+    finally:
+        _delete_service_account(datastore, "token-file-reader")
+
+
+def _delete_service_account(datastore: Datastore, name: str) -> None:
+    rbac = "/apis/rbac.authorization.k8s.io/v1"
+    for path in (
+        f"{rbac}/clusterrolebindings/{name}",
+        f"{rbac}/clusterroles/{name}",
+        f"/api/v1/namespaces/default/serviceaccounts/{name}",
+    ):
+        datastore.transport.request("DELETE", path)
 
 
 class Recorder:
