@@ -16,11 +16,16 @@ import json
 import subprocess
 import time
 from collections.abc import Iterator
+from ipaddress import IPv4Network
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
+from datastore.client import Datastore
+from datastore.models import BlockAffinity, IPAMBlock
+from ipam.allocator import IPAMAllocator
 from lab.controlplane import ControlPlane
 
 pytestmark = pytest.mark.integration
@@ -399,3 +404,32 @@ def test_rules_review_grants_exactly_the_table(kubectl: Kubectl, account: str) -
     assert not any("*" in verb or "*" in resource for verb, resource in granted), granted
     expected = {(verb, resource) for verb, resource, _ in ALLOWED[account]}
     assert granted == expected
+
+
+def test_node_account_token_allocates_and_releases_an_address(
+    kubectl: Kubectl, control_plane: ControlPlane, tmp_path: Path
+) -> None:
+    """tabby-node's IPAM as it runs in the DaemonSet: a kubeconfig with the CA and a
+    tokenFile (what the pod's start-up script writes), a bound ServiceAccount token,
+    and only the RBAC this module applied."""
+    token = kubectl.ok("create", "token", NODE, "-n", NAMESPACE, "--duration=10m").strip()
+    (tmp_path / "token").write_text(token)
+    admin = yaml.safe_load(control_plane.kubeconfig.read_text())
+    admin["users"] = [{"name": NODE, "user": {"tokenFile": str(tmp_path / "token")}}]
+    admin["contexts"][0]["context"]["user"] = NODE
+    (tmp_path / "kubeconfig").write_text(yaml.safe_dump(admin))
+    node = "token-test-node"
+    allocator = IPAMAllocator(Datastore.from_kubeconfig(str(tmp_path / "kubeconfig")), node)
+    try:
+        [address] = allocator.auto_assign(
+            "k8s-pod-network.token-test", {"namespace": "default", "pod": "p"}
+        )
+        assert address in IPv4Network("10.244.0.0/16")
+        assert allocator.release_by_handle("k8s-pod-network.token-test") == [address]
+    finally:
+        allocator.close()
+        admin_ds = control_plane.datastore()
+        for kind in (BlockAffinity, IPAMBlock):
+            for obj in admin_ds.list(kind):
+                if node in obj.name or getattr(obj.spec, "affinity", None) == f"host:{node}":
+                    admin_ds.delete(obj, check_version=False)
