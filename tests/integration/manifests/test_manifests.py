@@ -25,6 +25,7 @@ import yaml
 
 from datastore.client import Datastore
 from datastore.models import BlockAffinity, IPAMBlock
+from ipam import gc_main
 from ipam.allocator import IPAMAllocator
 from lab.controlplane import ControlPlane
 
@@ -406,20 +407,30 @@ def test_rules_review_grants_exactly_the_table(kubectl: Kubectl, account: str) -
     assert granted == expected
 
 
+def _token_kubeconfig(
+    kubectl: Kubectl, control_plane: ControlPlane, tmp_path: Path, account: str
+) -> Path:
+    """A kubeconfig like the one the pods' start-up scripts write: the CA and a
+    tokenFile holding a bound token of the account."""
+    token = kubectl.ok("create", "token", account, "-n", NAMESPACE, "--duration=10m").strip()
+    (tmp_path / "token").write_text(token)
+    config = yaml.safe_load(control_plane.kubeconfig.read_text())
+    config["users"] = [{"name": account, "user": {"tokenFile": str(tmp_path / "token")}}]
+    config["contexts"][0]["context"]["user"] = account
+    path = tmp_path / "kubeconfig"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
 def test_node_account_token_allocates_and_releases_an_address(
     kubectl: Kubectl, control_plane: ControlPlane, tmp_path: Path
 ) -> None:
     """tabby-node's IPAM as it runs in the DaemonSet: a kubeconfig with the CA and a
     tokenFile (what the pod's start-up script writes), a bound ServiceAccount token,
     and only the RBAC this module applied."""
-    token = kubectl.ok("create", "token", NODE, "-n", NAMESPACE, "--duration=10m").strip()
-    (tmp_path / "token").write_text(token)
-    admin = yaml.safe_load(control_plane.kubeconfig.read_text())
-    admin["users"] = [{"name": NODE, "user": {"tokenFile": str(tmp_path / "token")}}]
-    admin["contexts"][0]["context"]["user"] = NODE
-    (tmp_path / "kubeconfig").write_text(yaml.safe_dump(admin))
+    kubeconfig = _token_kubeconfig(kubectl, control_plane, tmp_path, NODE)
     node = "token-test-node"
-    allocator = IPAMAllocator(Datastore.from_kubeconfig(str(tmp_path / "kubeconfig")), node)
+    allocator = IPAMAllocator(Datastore.from_kubeconfig(str(kubeconfig)), node)
     try:
         [address] = allocator.auto_assign(
             "k8s-pod-network.token-test", {"namespace": "default", "pod": "p"}
@@ -433,3 +444,30 @@ def test_node_account_token_allocates_and_releases_an_address(
             for obj in admin_ds.list(kind):
                 if node in obj.name or getattr(obj.spec, "affinity", None) == f"host:{node}":
                     admin_ds.delete(obj, check_version=False)
+
+
+def test_controllers_account_token_cleans_a_deleted_nodes_blocks(
+    kubectl: Kubectl, control_plane: ControlPlane, tmp_path: Path
+) -> None:
+    """tabby-controllers' GC as its own account: one pass reads every IPAM kind, nodes
+    and pods, and deletes the (empty) block and the affinity of a node that no longer
+    exists."""
+    live, gone = "gc-live-node", "gc-gone-node"
+    node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": live}}
+    kubectl.ok("create", "-f", "-", stdin=json.dumps(node))
+    admin = control_plane.datastore()
+    try:
+        allocator = IPAMAllocator(admin, gone)
+        allocator.auto_assign("k8s-pod-network.gc-gone", {"namespace": "default", "pod": "p"})
+        allocator.release_by_handle("k8s-pod-network.gc-gone")  # its pods went with it
+        allocator.close()
+        assert any(a.spec.node == gone for a in admin.list(BlockAffinity))
+        kubeconfig = _token_kubeconfig(kubectl, control_plane, tmp_path, CONTROLLERS)
+        heartbeat = tmp_path / "alive"
+        argv = [f"--kubeconfig={kubeconfig}", "--once", f"--heartbeat-file={heartbeat}"]
+        assert gc_main.main(argv) == 0
+        assert heartbeat.exists()
+        assert not any(a.spec.node == gone for a in admin.list(BlockAffinity))
+        assert not any(b.spec.affinity == f"host:{gone}" for b in admin.list(IPAMBlock))
+    finally:
+        kubectl.run("delete", "node", live)
