@@ -20,6 +20,7 @@ RUN apt-get update \
 # image); the list mirrors [tool.setuptools.packages.find] in pyproject.toml.
 WORKDIR /src
 COPY pyproject.toml README.md ./
+COPY controllers/ controllers/
 COPY felix/ felix/
 COPY bgp/ bgp/
 COPY ipam/ ipam/

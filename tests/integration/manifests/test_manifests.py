@@ -23,9 +23,9 @@ from typing import Any
 import pytest
 import yaml
 
+from controllers import main as gc_main
 from datastore.client import Datastore
 from datastore.models import BlockAffinity, IPAMBlock
-from ipam import gc_main
 from ipam.allocator import IPAMAllocator
 from lab.controlplane import ControlPlane
 

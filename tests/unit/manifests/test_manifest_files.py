@@ -22,11 +22,11 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
+from controllers import main as gc_main
 from datastore.client import Datastore
 from datastore.memory import MemoryTransport
 from datastore.models import IPPool
 from felix import agent
-from ipam import gc_main
 from ipam.pools import validate_pool
 from tabbyctl.main import cli
 

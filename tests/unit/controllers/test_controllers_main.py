@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
+from controllers import main as gc_main
 from datastore.client import Datastore
 from datastore.errors import Unavailable
 from datastore.memory import MemoryTransport
-from ipam import gc_main
 
 
 @pytest.fixture

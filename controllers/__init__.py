@@ -1,0 +1,1 @@
+"""Cluster-wide controllers (the tabby-controllers Deployment): IPAM garbage collection."""
