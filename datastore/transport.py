@@ -89,10 +89,10 @@ def _token_file(path: str, context: str | None) -> TokenFile | None:
     ctx = next((c for c in config.get("contexts") or [] if c.get("name") == name), None)
     user_name = ((ctx or {}).get("context") or {}).get("user")
     user = next((u for u in config.get("users") or [] if u.get("name") == user_name), None)
-    token_file = ((user or {}).get("user") or {}).get("tokenFile")
-    if not token_file or ((user or {}).get("user") or {}).get("token"):
+    credentials = (user or {}).get("user") or {}
+    if not credentials.get("tokenFile") or credentials.get("token"):
         return None  # kubectl too prefers an inline token
-    return TokenFile(Path(path).parent / token_file)
+    return TokenFile(Path(path).parent / credentials["tokenFile"])
 
 
 class HttpTransport:

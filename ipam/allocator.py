@@ -500,16 +500,13 @@ class IPAMAllocator:
         for model in self._affine.values():  # another process of ours claimed one
             if model.spec.unallocated and _in_pools(model.spec.cidr, usable):
                 return model
-        block = self._claim_first_free(usable, live)
+        block = self._claim_first_free(usable, {b.spec.cidr for b in live})
         if block is not None:
             self._affine[block.name] = block
         return block
 
-    def _claim_first_free(self, usable: list[IPPool], live: list[IPAMBlock]) -> IPAMBlock | None:
-        """Claim the first CIDR (node-seeded order) that no live block holds; no cache."""
-        return self._claim_first_untaken(usable, {b.spec.cidr for b in live})
-
-    def _claim_first_untaken(self, usable: list[IPPool], taken: set[str]) -> IPAMBlock | None:
+    def _claim_first_free(self, usable: list[IPPool], taken: set[str]) -> IPAMBlock | None:
+        """Claim the first CIDR (node-seeded order) not in taken (block CIDRs); no cache."""
         for pool in usable:
             for cidr in block_cidrs(pool, self.node):
                 if str(cidr) in taken:
@@ -568,7 +565,7 @@ class IPAMAllocator:
         # a name not in cidr_name's form can only hide a CIDR whose create then fails
         names = self.ds.list_names(kinds.IPAMBLOCK)
         taken = {_cidr_from_name(n) for n in names if n.count("-") == 4}
-        block = self._claim_first_untaken(usable, taken)
+        block = self._claim_first_free(usable, taken)
         if block is not None:
             log.info("ipam: node %s claimed %s ahead of need", self.node, block.spec.cidr)
         return block

@@ -164,6 +164,10 @@ def test_verify_reports_corruption() -> None:
     problems = block.problems()
     assert any("missing attributes" in p for p in problems)
     assert any("disagrees" in p for p in problems)
+    block = AllocationBlock.new("10.0.0.0/30")
+    block.auto_assign(1, "h", None)
+    block.sequence_number = 0  # an attribute stamped later than the block's own number
+    assert any("past the block's" in p for p in block.problems())
 
 
 def test_spec_from_wire_defaults() -> None:
