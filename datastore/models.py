@@ -84,8 +84,10 @@ class IPAMBlockSpec(Wire):
     cidr: str
     affinity: str | None = None
     affinity_claim_time: str | None = None
-    allocations: list[int | None]
-    unallocated: list[int]
+    # Strings, not JSON lists: the apiserver's cost per write follows the number of
+    # JSON values. Codecs and formats: ipam/block.py.
+    allocations: str  # per ordinal: attribute index or "-" (free), runs as "x*n"
+    unallocated: str  # free ordinals, oldest-freed first, ascending runs as "a-b"
     attributes: list[str] = Field(default_factory=list)  # ipam.block.Attribute.encode()
     sequence_number: int = 0
     deleted: bool = False

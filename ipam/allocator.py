@@ -50,7 +50,7 @@ from datastore.models import (
     IPPool,
     Meta,
 )
-from ipam.block import AllocationBlock, host_affinity
+from ipam.block import AllocationBlock, free_count, host_affinity, is_empty
 from ipam.errors import (
     ConcurrencyExhausted,
     HandleNotFound,
@@ -439,7 +439,7 @@ class IPAMAllocator:
                 break
             if model.spec.deleted or not _in_pools(model.spec.cidr, usable):
                 continue
-            if not model.spec.unallocated:
+            if not free_count(model.spec):
                 continue
             try:
                 got += self._assign_from(name, handle_id, attrs, num - len(got))
@@ -498,7 +498,7 @@ class IPAMAllocator:
         if len(self._affine) >= self.max_blocks:
             return None
         for model in self._affine.values():  # another process of ours claimed one
-            if model.spec.unallocated and _in_pools(model.spec.cidr, usable):
+            if free_count(model.spec) and _in_pools(model.spec.cidr, usable):
                 return model
         block = self._claim_first_free(usable, {b.spec.cidr for b in live})
         if block is not None:
@@ -547,7 +547,7 @@ class IPAMAllocator:
             return
         assert self._affine is not None
         free = sum(
-            len(m.spec.unallocated)
+            free_count(m.spec)
             for m in self._affine.values()
             if not m.spec.deleted and _in_pools(m.spec.cidr, usable)
         )
@@ -677,7 +677,7 @@ class IPAMAllocator:
             for model in self._borrow_order(pool, live):
                 if len(got) >= num:
                     return got
-                if model.spec.affinity == mine or not model.spec.unallocated:
+                if model.spec.affinity == mine or not free_count(model.spec):
                     continue
                 try:
                     got += self._assign_from(model.name, handle_id, attrs, num - len(got))
@@ -802,7 +802,7 @@ class IPAMAllocator:
         """A block with no affinity is deleted as soon as it is empty (Calico does too)."""
         model = self.ds.try_get(IPAMBlock, name)
         spec = model.spec if model else None
-        if model and spec and not spec.affinity and len(spec.unallocated) == len(spec.allocations):
+        if model and spec and not spec.affinity and is_empty(spec):
             self._delete_quietly(model)
 
     def _rollback(self, got: list[IPv4Address]) -> None:

@@ -9,7 +9,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from datastore.models import IPAMBlock, IPAMBlockSpec, Meta
-from ipam.block import AllocationBlock, Attribute, host_affinity
+from ipam.block import (
+    AllocationBlock,
+    Attribute,
+    decode_allocations,
+    decode_ordinals,
+    encode_allocations,
+    encode_ordinals,
+    free_count,
+    host_affinity,
+    is_empty,
+)
 from ipam.errors import AddressInUse, AddressNotAllocated, BadSequenceNumber, BlockCorrupt
 
 ip = IPv4Address
@@ -120,7 +130,8 @@ def test_spec_round_trip_through_model() -> None:
     again = AllocationBlock.from_spec(IPAMBlock.from_wire(wire).spec)
     assert again == block
     assert wire["spec"]["attributes"] == ["1 h?pod=p"]
-    assert wire["spec"]["allocations"] == [0, None, 0] + [None] * 13
+    assert wire["spec"]["allocations"] == "0,-,0,-*13"
+    assert wire["spec"]["unallocated"] == "3-15,1"
     assert "sequenceNumberForAllocation" not in wire["spec"]
 
 
@@ -133,9 +144,7 @@ def test_attribute_wire_string_escapes_what_it_must() -> None:
 
 @pytest.mark.parametrize("text", ["", "h?pod=p", "x h", "-1 h", "1 h?pod"])
 def test_unreadable_attribute_is_reported_as_corrupt(text: str) -> None:
-    spec = IPAMBlockSpec(
-        cidr="10.0.0.0/31", allocations=[0, None], unallocated=[1], attributes=[text]
-    )
+    spec = IPAMBlockSpec(cidr="10.0.0.0/31", allocations="0,-", unallocated="1", attributes=[text])
     with pytest.raises(BlockCorrupt, match=r"block 10\.0\.0\.0/31"):
         AllocationBlock.from_spec(spec)
 
@@ -151,6 +160,61 @@ def test_attribute_wire_string_round_trips(
 ) -> None:
     attribute = Attribute.of(handle, attrs, seq)
     assert Attribute.decode(attribute.encode()) == attribute
+
+
+def test_ordinal_lists_are_short_strings() -> None:
+    assert encode_allocations([None] * 64) == "-*64"
+    assert encode_allocations([0, 1, 1, None, 2]) == "0,1*2,-,2"
+    assert encode_ordinals(range(64)) == "0-63"
+    assert encode_ordinals([9, 3, 4, 5, 7]) == "9,3-5,7"  # FIFO order is kept
+    assert encode_allocations([]) == encode_ordinals([]) == ""
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(st.none(), st.integers(0, 70)), max_size=80))
+def test_allocations_string_round_trips(allocations: list[int | None]) -> None:
+    text = encode_allocations(allocations)
+    assert list(decode_allocations(text, len(allocations))) == allocations
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.permutations(range(64)).flatmap(lambda p: st.integers(0, 64).map(lambda n: p[:n])))
+def test_unallocated_string_round_trips(ordinals: list[int]) -> None:
+    assert list(decode_ordinals(encode_ordinals(ordinals), 64)) == ordinals
+
+
+@pytest.mark.parametrize(
+    ("allocations", "unallocated", "complaint"),
+    [
+        ("-", "0-1", "covers 1 addresses"),  # a /31 has two
+        ("-*3", "0-1", "overruns 2"),
+        ("0,-*9999999999", "1", "overruns"),  # refused before it is expanded
+        ("-*0,-*2", "0-1", "empty"),
+        ("x,-", "1", "attribute index"),
+        ("0,-", "1-0", "outside"),
+        ("0,-", "2", "outside"),
+        ("0,-", "0-4294967295", "outside"),
+        ("0,-", "1,", "ordinal"),
+        ("0,-", "\u0661", "ordinal"),  # an Arabic-Indic digit: isdigit(), not ASCII
+    ],
+)
+def test_unreadable_ordinal_lists_are_reported_as_corrupt(
+    allocations: str, unallocated: str, complaint: str
+) -> None:
+    spec = IPAMBlockSpec(
+        cidr="10.0.0.0/31", allocations=allocations, unallocated=unallocated, attributes=["1 h"]
+    )
+    with pytest.raises(BlockCorrupt, match=complaint):
+        AllocationBlock.from_spec(spec)
+
+
+def test_free_count_and_is_empty_read_the_stored_strings() -> None:
+    block = AllocationBlock.new("10.0.0.0/28")
+    assert is_empty(block.to_spec()) and free_count(block.to_spec()) == 16
+    block.auto_assign(3, "h", None)
+    assert free_count(block.to_spec()) == 13 and not is_empty(block.to_spec())
+    corrupt = block.to_spec().model_copy(update={"unallocated": "99"})
+    assert free_count(corrupt) == 0
 
 
 def test_verify_reports_corruption() -> None:
@@ -171,7 +235,7 @@ def test_verify_reports_corruption() -> None:
 
 
 def test_spec_from_wire_defaults() -> None:
-    spec = IPAMBlockSpec(cidr="10.0.0.0/31", allocations=[None, None], unallocated=[1, 0])
+    spec = IPAMBlockSpec(cidr="10.0.0.0/31", allocations="-*2", unallocated="1,0")
     block = AllocationBlock.from_spec(spec)
     assert block.auto_assign(1, "h", None) == [ip("10.0.0.1")]
 
