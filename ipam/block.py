@@ -14,7 +14,7 @@ is a run-length list like `0,1*2,-*61` (`-` free) and `unallocated` a list of
 ordinals and ascending runs like `3,7-63`. kube-apiserver's cost of a write grows
 with the number of JSON values, not bytes: a full /26 with Calico's nested shape
 took 32 ms at p99 per PUT here, as strings under half of that, and the apiserver's
-CPU per PUT fell by a further sixth when the two lists became strings
+CPU per PUT fell by a further fifth to a quarter when the two lists became strings
 (docs/benchmarks.md).
 
 The allocator reads a block, calls these methods on the copy, and writes it back
