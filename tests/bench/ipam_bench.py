@@ -34,6 +34,7 @@ from datastore.models import (  # noqa: E402
     IPPoolSpec,
     Meta,
 )
+from felix.agent import settle_heap  # noqa: E402
 from ipam.allocator import AGENT_PRECLAIM_BELOW, IPAMAllocator  # noqa: E402
 from lab.controlplane import ControlPlane  # noqa: E402
 
@@ -56,12 +57,14 @@ def pod_allocation(node: str, pod: str) -> tuple[str, dict[str, str]]:
 def timed_allocations(kubeconfig: str, node: str, count: int) -> list[float]:
     """Milliseconds per auto_assign, after a warm-up that claims the first block.
 
-    The allocator is configured as the node agent configures it (claims ahead).
+    The allocator is configured as the node agent configures it (claims ahead), and
+    the heap is frozen after the warm-up as tabby-node freezes it after start-up.
     """
     ds = Datastore.from_kubeconfig(kubeconfig)
     allocator = IPAMAllocator(ds, node, config_ttl=60, preclaim_below=AGENT_PRECLAIM_BELOW)
     for i in range(WARMUP):
         allocator.auto_assign(*pod_allocation(node, f"warm{i}"), pools=[POOL])
+    settle_heap()
     samples = []
     for i in range(count):
         handle, attrs = pod_allocation(node, str(i))
@@ -70,6 +73,17 @@ def timed_allocations(kubeconfig: str, node: str, count: int) -> list[float]:
         samples.append((time.perf_counter() - began) * 1000)
     allocator.close()
     return samples
+
+
+def cpu_times() -> list[int]:
+    """The machine's cpu line of /proc/stat: user nice system idle iowait irq softirq steal."""
+    return [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+
+
+def steal_percent(before: list[int], after: list[int]) -> float:
+    """Share of CPU time the hypervisor gave to someone else between two cpu_times()."""
+    delta = [b - a for a, b in zip(before, after, strict=True)]
+    return 100 * delta[7] / max(1, sum(delta))
 
 
 def timed_peer_puts(ds: Datastore, count: int) -> list[float]:
@@ -106,9 +120,10 @@ def main() -> int:
         kubeconfig = str(cp.kubeconfig)
 
         peer = timed_peer_puts(ds, args.allocations // 2)
-        began = time.perf_counter()
+        began, cpu_before = time.perf_counter(), cpu_times()
         solo = timed_allocations(kubeconfig, "bench-solo", args.allocations)
         solo_rate = args.allocations / (time.perf_counter() - began)
+        solo_steal = steal_percent(cpu_before, cpu_times())
         peer += timed_peer_puts(ds, args.allocations - len(peer))
 
         ctx = multiprocessing.get_context("spawn")
@@ -128,7 +143,7 @@ def main() -> int:
     peer50, peer99 = statistics.median(peer), percentile(peer, 99)
     print(
         f"uncontended: {len(solo)} allocations, {solo_rate:.0f}/s, "
-        f"p50 {p50:.2f} ms, p99 {p99:.2f} ms"
+        f"p50 {p50:.2f} ms, p99 {p99:.2f} ms; CPU stolen by the hypervisor {solo_steal:.1f}%"
     )
     print(
         f"contended ({args.nodes} node processes): {len(contended)} allocations, "

@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
+import signal
 import threading
 import time
 import urllib.error
 import urllib.request
 
+import pytest
 from prometheus_client import CollectorRegistry, Counter
 
+from datastore.client import Datastore
+from datastore.memory import MemoryTransport
+from felix.agent import Agent, AgentConfig
 from felix.health import HealthServer, Readiness
 from felix.logs import JsonFormatter
 from felix.loop import ReconcileLoop
@@ -83,3 +89,23 @@ def test_reconcile_loop_coalesces_requests_and_survives_failures() -> None:
         assert loop.failures == 1 and loop.alive()
     finally:
         loop.stop()
+
+
+def test_run_freezes_the_heap_start_up_built(monkeypatch: pytest.MonkeyPatch) -> None:
+    """After start-up the collector must not walk the loaded libraries again."""
+    agent = Agent(AgentConfig(node_name="n1", kubeconfig="unused"), Datastore(MemoryTransport()))
+    started: list[int] = []
+    monkeypatch.setattr(
+        agent, "start", lambda: (started.append(gc.get_freeze_count()), agent.stopping.set())
+    )
+    monkeypatch.setattr(agent, "stop", lambda: None)
+    handlers = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    gc.unfreeze()
+    try:
+        assert agent.run() == 0
+        assert started == [0]  # nothing frozen before start-up ran
+        assert gc.get_freeze_count() > 1000
+    finally:
+        gc.unfreeze()
+        signal.signal(signal.SIGTERM, handlers[0])
+        signal.signal(signal.SIGINT, handlers[1])
