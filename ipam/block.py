@@ -14,7 +14,7 @@ is a run-length list like `0,1*2,-*61` (`-` free) and `unallocated` a list of
 ordinals and ascending runs like `3,7-63`. kube-apiserver's cost of a write grows
 with the number of JSON values, not bytes: a full /26 with Calico's nested shape
 took 32 ms at p99 per PUT here, as strings under half of that, and the apiserver's
-CPU per PUT fell by a further fifth to a quarter when the two lists became strings
+CPU per PUT fell by a further sixth to a quarter when the two lists became strings
 (docs/benchmarks.md).
 
 The allocator reads a block, calls these methods on the copy, and writes it back
@@ -32,6 +32,7 @@ from urllib.parse import parse_qsl, quote, unquote, urlencode
 
 from datastore.models import IPAMBlockSpec
 from ipam.errors import AddressInUse, AddressNotAllocated, BadSequenceNumber, BlockCorrupt
+from ipam.pools import parse_network
 
 HOST_AFFINITY_PREFIX = "host:"
 
@@ -185,7 +186,7 @@ class AllocationBlock:
     @classmethod
     def from_spec(cls, spec: IPAMBlockSpec) -> AllocationBlock:
         """The working copy of a stored block; BlockCorrupt if its strings are unreadable."""
-        cidr = IPv4Network(spec.cidr)
+        cidr = parse_network(spec.cidr)
         try:
             attributes = [Attribute.decode(text) for text in spec.attributes]
             allocations = decode_allocations(spec.allocations, cidr.num_addresses)
@@ -411,18 +412,13 @@ class AllocationBlock:
 def free_count(spec: IPAMBlockSpec) -> int:
     """Free addresses in a stored block without a working copy; 0 if unreadable."""
     try:
-        return len(decode_ordinals(spec.unallocated, _size_of(spec.cidr)))
+        return len(decode_ordinals(spec.unallocated, parse_network(spec.cidr).num_addresses))
     except ValueError:
         return 0  # from_spec names the corruption when something does read it
 
 
 def is_empty(spec: IPAMBlockSpec) -> bool:
-    return free_count(spec) == _size_of(spec.cidr)
-
-
-@functools.lru_cache(maxsize=1024)
-def _size_of(cidr: str) -> int:
-    return IPv4Network(cidr).num_addresses
+    return free_count(spec) == parse_network(spec.cidr).num_addresses
 
 
 def host_affinity(node: str) -> str:

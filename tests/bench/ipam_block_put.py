@@ -17,7 +17,6 @@ Run: .venv/bin/python tests/bench/ipam_block_put.py [--rounds N] [--puts N]
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import os
 import statistics
@@ -38,6 +37,7 @@ from datastore.models import IPAMBlock, Meta  # noqa: E402
 from datastore.transport import Transport  # noqa: E402
 from ipam.block import AllocationBlock, host_affinity  # noqa: E402
 from lab.controlplane import ControlPlane  # noqa: E402
+from tests.bench.ipam_bench import percentile  # noqa: E402
 
 GROUP = "bench.tabby.dev"
 CIDR = "10.96.0.0/26"
@@ -121,8 +121,8 @@ def peer_crd(plural: str, kind: str, spec_schema: dict[str, Any]) -> dict[str, A
 def lists_schema() -> dict[str, Any]:
     """Tabby's CRD schema with the two lists as they were (integer arrays)."""
     crd = yaml.safe_load((REPO / "manifests" / "crds" / "ipamblocks.yaml").read_text())
-    spec = copy.deepcopy(crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"])
-    spec = spec["spec"]
+    schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    spec: dict[str, Any] = schema["properties"]["spec"]
     spec["properties"]["allocations"] = {
         "type": "array",
         "maxItems": 4096,
@@ -216,11 +216,6 @@ def cpu_seconds(pid: int) -> float:
     """User + system CPU of a process, from /proc/<pid>/stat."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def percentile(samples: list[float], q: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered)) - 1))]
 
 
 def main() -> int:
