@@ -54,6 +54,7 @@ from ipam.block import AllocationBlock, free_count, host_affinity, is_empty
 from ipam.errors import (
     ConcurrencyExhausted,
     HandleNotFound,
+    InvalidPool,
     IPAMError,
     PoolExhausted,
     PoolNotFound,
@@ -69,7 +70,9 @@ from ipam.pools import (
     parse_network,
     pool_containing,
     pool_network,
+    refused_pools,
     select_pools,
+    selects_node,
     tunnel_handle_id,
 )
 
@@ -165,6 +168,7 @@ class IPAMAllocator:
         self._fixed_labels = dict(node_labels) if node_labels is not None else None
         self._labels: dict[str, str] = {}
         self._pools: list[IPPool] = []
+        self._refused: dict[str, str] = {}  # pool name -> why no address comes from it
         self._config = IPAMConfigSpec()
         self._config_read_at = -1e18
         self._affine: dict[str, IPAMBlock] | None = None  # block name -> last seen
@@ -195,6 +199,7 @@ class IPAMAllocator:
     def _load(self) -> None:
         if time.monotonic() - self._config_read_at >= self.config_ttl:
             self._pools = self.ds.list(IPPool)
+            self._note_refused(refused_pools(self._pools))
             config = self.ds.try_get(IPAMConfig, "default")
             self._config = config.spec if config else IPAMConfigSpec()
             self._labels = self._read_labels()
@@ -202,6 +207,12 @@ class IPAMAllocator:
         if self._affine is None:
             self._repair_claims()
             self._reload_affine()
+
+    def _note_refused(self, refused: dict[str, str]) -> None:
+        """Keep the refused pools; log each once when it becomes refused, not per call."""
+        for name in sorted(refused.keys() - self._refused.keys()):
+            log.warning("ipam: node %s refuses pool %s: %s", self.node, name, refused[name])
+        self._refused = refused
 
     def _read_labels(self) -> dict[str, str]:
         if self._fixed_labels is not None:
@@ -245,9 +256,9 @@ class IPAMAllocator:
         if num < 1:
             raise ValueError("num must be at least 1")
         self._load()
-        usable = select_pools(self._pools, self._labels, pools)
+        usable = select_pools(self._pools, self._labels, pools, refused=self._refused)
         if not usable:
-            raise PoolExhausted(self._no_pool_message(pools))
+            raise self._no_pool_error(pools)
         attrs = {"node": self.node, **(attrs or {})}
         self._take_preclaim(wait=False)
         got: list[IPv4Address] = []
@@ -276,14 +287,20 @@ class IPAMAllocator:
         """Allocate one specific address (claiming its block for this node if unclaimed)."""
         address = IPv4Address(ip)
         self._load()
-        pool = pool_containing(address, self._pools)
+        pool = pool_containing(address, [p for p in self._pools if p.name not in self._refused])
         if pool is None:
+            refused = pool_containing(address, self._pools)
+            if refused is not None:
+                raise InvalidPool(f"{address}: {self._refused[refused.name]}")
             raise PoolNotFound(f"{address} is not in any IP pool")
         if pool.spec.disabled:
             raise PoolExhausted(f"{address} is in pool {pool.name}, which is disabled")
         cidr = block_of(address, pool)
+        holder = self._block_holding(address)
+        if holder is not None:  # e.g. a block of another size, from a pool deleted since
+            cidr = IPv4Network(holder.spec.cidr)
         name = cidr_name(cidr)
-        if self.ds.try_get(IPAMBlock, name) is None:
+        if holder is None and self.ds.try_get(IPAMBlock, name) is None:
             # if another node claims it first, the address is simply borrowed from it
             with contextlib.suppress(_ClaimLost):
                 self._claim_cidr(cidr)
@@ -378,7 +395,11 @@ class IPAMAllocator:
         """
         handle_id = tunnel_handle_id(kind, self.node)
         self._load()
-        eligible = [p for p in self._pools if _encap(p, kind) and not p.spec.disabled]
+        eligible = [
+            p
+            for p in self._pools
+            if _encap(p, kind) and not p.spec.disabled and p.name not in self._refused
+        ]
         existing = self.addresses_of(handle_id)
         if existing and pool_containing(existing[0], eligible) is not None:
             return existing[0]
@@ -506,10 +527,16 @@ class IPAMAllocator:
         return block
 
     def _claim_first_free(self, usable: list[IPPool], taken: set[str]) -> IPAMBlock | None:
-        """Claim the first CIDR (node-seeded order) not in taken (block CIDRs); no cache."""
+        """Claim the first CIDR (node-seeded order) not in taken (block CIDRs); no cache.
+
+        A taken block of another size or alignment (from an overlapping or deleted
+        pool) rules out every CIDR that overlaps it, not only its own name: two blocks
+        holding one address would hand it out twice.
+        """
         for pool in usable:
+            foreign = _foreign_blocks(pool, taken)
             for cidr in block_cidrs(pool, self.node):
-                if str(cidr) in taken:
+                if str(cidr) in taken or any(cidr.overlaps(f) for f in foreign):
                     continue
                 try:
                     return self._claim_steps(cidr)
@@ -886,9 +913,23 @@ class IPAMAllocator:
         with contextlib.suppress(NotFound, Conflict):
             self.ds.delete(obj)
 
-    def _no_pool_message(self, names: Sequence[str] | None) -> str:
+    def _block_holding(self, address: IPv4Address) -> IPAMBlock | None:
+        """The live block whose CIDR holds address, whatever its size."""
+        return next((b for b in self._live_blocks() if address in IPv4Network(b.spec.cidr)), None)
+
+    def _no_pool_error(self, names: Sequence[str] | None) -> IPAMError:
+        """InvalidPool naming the overlap when a refused pool was this node's candidate."""
         wanted = f"pools {', '.join(names)}" if names else "any IP pool"
-        return (
+        by_name = {p.name: p for p in self._pools}
+        candidates = [by_name[n] for n in names or sorted(by_name) if n in by_name]
+        refused = [
+            self._refused[p.name]
+            for p in candidates
+            if p.name in self._refused and not p.spec.disabled and selects_node(p, self._labels)
+        ]
+        if refused:
+            return InvalidPool(f"node {self.node} may not use {wanted}: " + "; ".join(refused))
+        return PoolExhausted(
             f"node {self.node} may not use {wanted}: every candidate is disabled or its "
             "nodeSelector does not match the node's labels"
         )
@@ -926,6 +967,18 @@ def _orphan_empty(block: AllocationBlock) -> bool:
 
 def _in_pools(cidr: str, pools: list[IPPool]) -> bool:
     return pool_containing(parse_network(cidr), pools) is not None
+
+
+def _foreign_blocks(pool: IPPool, taken: set[str]) -> list[IPv4Network]:
+    """Taken block CIDRs overlapping pool that are not among its own block CIDRs."""
+    network = pool_network(pool)
+    size = pool.spec.block_size
+    out = []
+    for cidr in taken:
+        block = parse_network(cidr)
+        if block.overlaps(network) and (block.prefixlen != size or not block.subnet_of(network)):
+            out.append(block)
+    return out
 
 
 def _encap(pool: IPPool, kind: str) -> bool:

@@ -9,6 +9,11 @@ Pool lifecycle (decided here, enforced by the allocator and `tabbyctl ipam check
   in no existing pool ("orphan blocks") are never used for new allocations;
   releases still work, and `ipam check` reports orphan blocks that still hold
   allocations so an operator can drain them. GC deletes orphan blocks once empty.
+- Pools must not overlap each other or a reserved range. Admission rejects such a
+  pool (the CRD's CEL rules and manifests/ippool-admission.yaml); one that got in
+  anyway (created before those checks, or with admission off) is refused here
+  (`refused_pools`): of two overlapping pools only the older one is used, on every
+  node alike, so no address can be handed out twice.
 """
 
 from __future__ import annotations
@@ -25,7 +30,17 @@ from ipam.selector import SelectorError, parse_selector
 
 MIN_BLOCK_SIZE = 20
 MAX_BLOCK_SIZE = 32
+MIN_POOL_PREFIX = 8
+"""A shorter pool would cover reserved ranges and the addresses pods must reach."""
 LINK_LOCAL = IPv4Network("169.254.0.0/16")
+RESERVED: tuple[tuple[IPv4Network, str], ...] = (
+    (IPv4Network("0.0.0.0/8"), "this-network 0.0.0.0/8"),
+    (IPv4Network("127.0.0.0/8"), "loopback 127.0.0.0/8"),
+    (LINK_LOCAL, f"link-local {LINK_LOCAL}"),
+    (IPv4Network("224.0.0.0/4"), "multicast 224.0.0.0/4"),
+    (IPv4Network("240.0.0.0/4"), "reserved 240.0.0.0/4 (class E and broadcast)"),
+)
+"""Ranges no pod address may come from; the IPPool CRD's CEL rules list the same."""
 MAX_NAME = 253
 _NAME_OK = re.compile(r"^[a-z0-9]([a-z0-9.-]*[a-z0-9])?$")
 
@@ -85,8 +100,14 @@ def validate_pool(pool: IPPool) -> None:
         )
     if network.prefixlen > size:
         raise InvalidPool(f"pool {pool.name}: cidr {network} is smaller than one /{size} block")
-    if network.overlaps(LINK_LOCAL):
-        raise InvalidPool(f"pool {pool.name}: cidr {network} overlaps link-local {LINK_LOCAL}")
+    if network.prefixlen < MIN_POOL_PREFIX:
+        raise InvalidPool(
+            f"pool {pool.name}: cidr {network} is shorter than /{MIN_POOL_PREFIX}: "
+            "it would cover reserved ranges and addresses the pods must reach"
+        )
+    for reserved, what in RESERVED:
+        if network.overlaps(reserved):
+            raise InvalidPool(f"pool {pool.name}: cidr {network} overlaps {what}")
     if pool.spec.ipip_mode != "Never" and pool.spec.vxlan_mode != "Never":
         raise InvalidPool(f"pool {pool.name}: ipipMode and vxlanMode cannot both be enabled")
     try:
@@ -110,18 +131,60 @@ def validate_pools(pools: Iterable[IPPool]) -> None:
         seen.append((network, pool.name))
 
 
+def _age(pool: IPPool) -> tuple[str, str]:
+    """Oldest first (RFC 3339 timestamps sort as text), then by name for a tie."""
+    return (pool.metadata.creation_timestamp or "", pool.name)
+
+
+def refused_pools(pools: Iterable[IPPool]) -> dict[str, str]:
+    """Pools no node may take addresses from, each with why and what to do.
+
+    Decided from all pools alike, so every node decides the same: a pool invalid on
+    its own is refused; of pools that overlap, the oldest valid one is kept (disabled
+    or not: its blocks still hold addresses) and each newer one that overlaps a kept
+    pool is refused. Kept pools never overlap, so no address lies in two of them.
+    """
+    refused: dict[str, str] = {}
+    kept: list[tuple[IPv4Network, IPPool]] = []
+    for pool in sorted(pools, key=_age):
+        try:
+            validate_pool(pool)
+        except InvalidPool as exc:
+            refused[pool.name] = f"{exc}; no address is allocated from it: fix or delete it"
+            continue
+        network = pool_network(pool)
+        clash = next((p for other, p in kept if other.overlaps(network)), None)
+        if clash is None:
+            kept.append((network, pool))
+            continue
+        state = ", disabled" if clash.spec.disabled else ""
+        refused[pool.name] = (
+            f"pool {pool.name} ({network}) overlaps pool {clash.name} "
+            f"({clash.spec.cidr}{state}), which is older: no address is allocated from "
+            f"{pool.name}, so that no address goes to two pods; delete {pool.name} and "
+            f"create it again with a cidr outside every other pool (or delete {clash.name} "
+            "once its addresses are released)"
+        )
+    return refused
+
+
 # -- selection --------------------------------------------------------------------
 def select_pools(
     pools: Sequence[IPPool],
     node_labels: Mapping[str, str],
     names: Sequence[str] | None = None,
+    *,
+    refused: Mapping[str, str] | None = None,
 ) -> list[IPPool]:
     """The pools a node may take new addresses from, in a stable order.
 
     `names` restricts to named pools (PoolNotFound if one does not exist). Disabled
-    pools and pools whose nodeSelector does not match are left out; pools with an
-    invalid selector are left out too (validate_pools reports them).
+    pools and pools whose nodeSelector does not match are left out; so are refused
+    pools (`refused`, computed by refused_pools when not given): overlapping or
+    invalid ones.
     """
+    if refused is None:
+        refused = refused_pools(pools)
     by_name = {p.name: p for p in pools}
     if names:
         missing = [n for n in names if n not in by_name]
@@ -131,10 +194,15 @@ def select_pools(
         candidates = [by_name[n] for n in names]
     else:
         candidates = sorted(pools, key=lambda p: p.name)
-    return [p for p in candidates if not p.spec.disabled and _selects(p, node_labels)]
+    return [
+        p
+        for p in candidates
+        if not p.spec.disabled and p.name not in refused and selects_node(p, node_labels)
+    ]
 
 
-def _selects(pool: IPPool, labels: Mapping[str, str]) -> bool:
+def selects_node(pool: IPPool, labels: Mapping[str, str]) -> bool:
+    """Whether the pool's nodeSelector matches the labels (False if it does not parse)."""
     try:
         return parse_selector(pool.spec.node_selector).matches(labels)
     except SelectorError:

@@ -29,8 +29,8 @@ from typing import Any
 import yaml
 
 from datastore.client import Datastore
-from datastore.errors import AlreadyExists, DatastoreError
-from datastore.kinds import TABBY_KINDS
+from datastore.errors import AlreadyExists, DatastoreError, Invalid, NotFound, Unavailable
+from datastore.kinds import IPPOOL, TABBY_KINDS
 from lab.pki import CertificateAuthority, write_service_account_key
 from lab.process import ManagedProcess, PidRegistry
 
@@ -40,6 +40,13 @@ REPO = Path(__file__).resolve().parent.parent
 CRD_DIR = REPO / "manifests" / "crds"
 READY_TIMEOUT_S = 120.0
 CRD_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+ADMISSION = REPO / "manifests" / "ippool-admission.yaml"
+ADMISSION_API = "/apis/admissionregistration.k8s.io/v1"
+ADMISSION_PLURALS = {
+    "ValidatingAdmissionPolicy": "validatingadmissionpolicies",
+    "ValidatingAdmissionPolicyBinding": "validatingadmissionpolicybindings",
+}
+SERVICE_CIDR = "10.96.0.0/16"
 
 
 class ControlPlaneError(RuntimeError):
@@ -93,6 +100,7 @@ class ControlPlane:
             cp.start_etcd()
             cp.start_apiserver()
             cp.install_crds()
+            cp.install_admission()
         except BaseException:
             cp.stop()
             raise
@@ -237,7 +245,7 @@ class ControlPlane:
                 f"--tls-private-key-file={pki / 'apiserver.key'}",
                 f"--client-ca-file={pki / 'ca.crt'}",
                 "--authorization-mode=RBAC",
-                "--service-cluster-ip-range=10.96.0.0/16",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
                 # Kubernetes <= 1.32 accepted CIDRs with host bits set (10.0.0.5/8) and
                 # such stored objects live on (validation ratcheting): accept them too, so
                 # Tabby's masking of them is tested end to end.
@@ -308,6 +316,39 @@ class ControlPlane:
         body = self.datastore().transport.request("GET", f"{CRD_PATH}/{name}")
         conditions = body.get("status", {}).get("conditions") or []
         return any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions)
+
+    # -- admission ----------------------------------------------------------------------
+    def install_admission(self, path: Path = ADMISSION) -> None:
+        """Install the IPPool admission policies a cluster gets from manifests/.
+
+        The apiserver loads policies and their params asynchronously: wait until a
+        dry-run pool over the Service range is denied, so that callers meet them.
+        """
+        transport = self.datastore().transport
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc:
+                plural = ADMISSION_PLURALS[doc["kind"]]
+                with contextlib.suppress(AlreadyExists):
+                    transport.request("POST", f"{ADMISSION_API}/{plural}", body=doc)
+        probe = {
+            "apiVersion": "crd.tabby.dev/v1",
+            "kind": "IPPool",
+            "metadata": {"name": "tabby-admission-probe"},
+            "spec": {"cidr": SERVICE_CIDR},
+        }
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while True:
+            try:
+                transport.request(
+                    "POST", IPPOOL.collection_path(), query={"dryRun": "All"}, body=probe
+                )
+            except Invalid:
+                return
+            except (Unavailable, NotFound):
+                pass  # custom storage still initialising
+            if time.monotonic() > deadline:
+                raise ControlPlaneError(f"admission policies of {path.name} not in force")
+            time.sleep(0.1)
 
     # -- relay for lab node namespaces --------------------------------------------------
     def expose_unix_socket(self) -> Path:

@@ -120,7 +120,14 @@ def test_every_object_is_labelled_and_placed() -> None:
         "Deployment",
         "IPPool",
     }
-    cluster_scoped = {"Namespace", "ClusterRole", "ClusterRoleBinding", "IPPool"}
+    cluster_scoped = {
+        "Namespace",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "IPPool",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+    }
     for obj in objects:
         meta = obj["metadata"]
         labels = meta.get("labels", {})
