@@ -28,7 +28,7 @@ from datastore.models import (
 )
 from ipam.allocator import CLAIM_TIME_ANNOTATION
 from ipam.block import Allocation, AllocationBlock
-from ipam.pools import pool_containing, pool_network
+from ipam.pools import pool_containing, pool_network, refused_pools
 
 REPORT_VERSION = 1
 PENDING_AFFINITY_MAX_AGE_S = 60.0
@@ -253,8 +253,37 @@ def check(snapshot: Snapshot, now: datetime | None = None) -> CheckReport:
     problems += _block_problems(snapshot)
     problems += _handle_problems(snapshot)
     problems += _affinity_problems(snapshot, now)
+    problems += pool_overlap_problems(snapshot)
     total = sum(b.used_count for _, b in snapshot.allocation_blocks())
     return CheckReport(problems, find_leaks(snapshot), total, now.isoformat())
+
+
+def pool_overlap_problems(snapshot: Snapshot) -> list[Problem]:
+    """Pools the allocator refuses (overlapping an older pool, or invalid), and blocks
+    whose CIDRs overlap (their common addresses may be held twice): issue 21 item 5."""
+    out = [
+        Problem("refused-pool", reason)
+        for _, reason in sorted(refused_pools(snapshot.pools).items())
+    ]
+    blocks = sorted(
+        (IPv4Network(b.spec.cidr) for b in snapshot.blocks if not b.spec.deleted),
+        key=lambda n: (int(n.network_address), n.prefixlen),
+    )
+    widest: IPv4Network | None = None  # the block reaching furthest so far
+    for cidr in blocks:
+        if widest is not None and cidr != widest and cidr.overlaps(widest):
+            out.append(
+                Problem(
+                    "overlapping-blocks",
+                    f"blocks {widest} and {cidr} overlap: an address in both may be "
+                    "allocated twice; release the addresses of one (tabbyctl ipam release) so GC "
+                    "deletes it",
+                    block=str(cidr),
+                )
+            )
+        if widest is None or cidr.broadcast_address > widest.broadcast_address:
+            widest = cidr
+    return out
 
 
 def _block_problems(snapshot: Snapshot) -> list[Problem]:

@@ -17,6 +17,7 @@ from ipam.allocator import IPAMAllocator
 from ipam.block import AllocationBlock
 from ipam.errors import InvalidPool
 from ipam.pools import cidr_name, refused_pools, select_pools, validate_pool
+from ipam.report import Snapshot, check
 
 
 def aged(pool: IPPool, stamp: str) -> IPPool:
@@ -99,3 +100,16 @@ def test_a_claim_skips_cidrs_that_overlap_a_block_of_another_size(ds: Datastore)
         IPv4Address("10.9.0.17"),
         IPv4Address("10.9.0.18"),
     }
+
+
+def test_ipam_check_reports_refused_pools_and_overlapping_blocks(ds: Datastore) -> None:
+    add_pool(ds, "a", "10.9.0.0/24", 26)
+    add_pool(ds, "b", "10.9.0.0/25", 28)
+    for cidr in ("10.9.0.0/26", "10.9.0.16/28", "10.9.0.128/26"):
+        block = AllocationBlock.new(IPv4Network(cidr), "host:n1", "2026-01-01T00:00:00Z")
+        ds.create(IPAMBlock(metadata=Meta(name=cidr_name(cidr)), spec=block.to_spec()))
+    problems = check(Snapshot.load(ds, with_k8s=False)).problems
+    found = [(p.kind, p.message) for p in problems if "refused" in p.kind or "overlap" in p.kind]
+    assert [kind for kind, _ in found] == ["refused-pool", "overlapping-blocks"]
+    assert "pool b (10.9.0.0/25) overlaps pool a (10.9.0.0/24)" in found[0][1]
+    assert "blocks 10.9.0.0/26 and 10.9.0.16/28 overlap" in found[1][1]
