@@ -57,7 +57,11 @@ from felix.events import post_pod_event
 from felix.health import HealthServer, Readiness
 from felix.loop import ReconcileLoop
 from felix.nat_outgoing import PoolNat
-from felix.policy_dataplane import PolicyDataplane
+from felix.policy_dataplane import (
+    DEFAULT_ENDPOINT_TO_HOST_ACTION,
+    PolicyDataplane,
+    parse_endpoint_to_host_action,
+)
 from felix.tunnels import (
     IPIP_OVERHEAD,
     VXLAN_OVERHEAD,
@@ -98,7 +102,7 @@ class AgentConfig:
     bgp: bool = True
     policy: bool = True
     iptables_backend: str = "auto"  # auto | nft | legacy | legacy-iptc
-    endpoint_to_host: str = "ACCEPT"  # what pods may send to their own node
+    endpoint_to_host: str = DEFAULT_ENDPOINT_TO_HOST_ACTION  # pods to their own node
 
     @property
     def bgp_status_file(self) -> Path:
@@ -675,6 +679,14 @@ def _only_non_bgp(reasons: set[str]) -> bool:
     return all(r in NOT_BGP_REASONS or r.startswith("endpoint-") for r in reasons)
 
 
+def _endpoint_to_host_action(value: str) -> str:
+    """argparse type: a bad value is a usage error naming the choices, not a traceback."""
+    try:
+        return parse_endpoint_to_host_action(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def parse_args(argv: list[str] | None = None) -> AgentConfig:
     parser = argparse.ArgumentParser(prog="tabby-node", description=__doc__.split("\n")[0])
     parser.add_argument("--node-name", default=os.environ.get("NODENAME"), required=False)
@@ -698,9 +710,13 @@ def parse_args(argv: list[str] | None = None) -> AgentConfig:
     )
     parser.add_argument(
         "--endpoint-to-host",
-        default="ACCEPT",
-        choices=["ACCEPT", "DROP"],
-        help="What traffic from a pod to its own node gets after its egress policy",
+        default=os.environ.get(
+            "TABBY_DEFAULT_ENDPOINT_TO_HOST_ACTION", DEFAULT_ENDPOINT_TO_HOST_ACTION
+        ),
+        type=_endpoint_to_host_action,
+        help="What traffic from a pod to its own node gets after its egress policy: "
+        "Drop (default), Accept, or Return (the host's own INPUT rules decide); "
+        "$TABBY_DEFAULT_ENDPOINT_TO_HOST_ACTION",
     )
     opts = parser.parse_args(argv)
     if not opts.node_name:

@@ -9,9 +9,22 @@ and applies everything through the dataplane tables:
         -i cali+ -> cali-from-wl-dispatch: -i <iface> -g cali-fw-<iface> ... else DROP
         -o cali+ -> cali-to-wl-dispatch:   -o <iface> -g cali-tw-<iface> ... else DROP
         mark set -> ACCEPT          (both directions said yes, or the one that applies)
-    INPUT -> cali-INPUT: traffic from a pod to this node: the pod's egress policy, then
-        the configurable endpoint-to-host action (ACCEPT or DROP)
+    INPUT -> cali-INPUT:
+        -i cali+ -g cali-wl-to-host: traffic from a pod to its own node
+            clear the accept mark
+            -> cali-from-wl-dispatch (the pod's egress policy; replies to the node's own
+               connections are accepted there by conntrack, after anti-spoofing)
+            the configured endpoint-to-host action: DROP (default), ACCEPT, or RETURN
+            (back to the kernel's INPUT: the host's own rules decide)
+        nothing else: traffic that did not come from a pod is never judged here
     OUTPUT: the node's own traffic to its pods (kubelet probes) is left alone.
+
+Pods reaching their node's BGP port (179) or any other host port is what the default
+DROP stops, as Calico's DefaultEndpointToHostAction does. The failsafes hold by
+construction: node-to-node BGP, VXLAN and IPIP arrive on the underlay, not on a cali
+interface, so Tabby's INPUT chain returns them untouched; host-to-pod health checks
+leave through OUTPUT (not filtered) and their replies are ESTABLISHED, accepted by the
+pod's ``cali-fw`` chain before any policy or the endpoint-to-host action.
 
 Unknown cali interfaces (a pod wired before its chains exist) fail closed. The
 desired state is a pure function (`render`); `PolicyDataplane.apply` writes it.
@@ -26,6 +39,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Literal
 
 from felix.dataplane import apply_in_order
 from felix.dataplane.backend import detect_backend
@@ -41,7 +55,26 @@ log = logging.getLogger(__name__)
 
 FORWARD, INPUT = "cali-FORWARD", "cali-INPUT"
 FROM_DISPATCH, TO_DISPATCH = "cali-from-wl-dispatch", "cali-to-wl-dispatch"
+WL_TO_HOST = "cali-wl-to-host"
 MARK = f"{ACCEPT_MARK:#x}/{ACCEPT_MARK:#x}"
+
+# What a pod's traffic to its own node gets once its egress policy allowed it.
+EndpointToHostAction = Literal["DROP", "ACCEPT", "RETURN"]
+ENDPOINT_TO_HOST_ACTIONS: tuple[EndpointToHostAction, ...] = ("DROP", "ACCEPT", "RETURN")
+DEFAULT_ENDPOINT_TO_HOST_ACTION: EndpointToHostAction = "DROP"
+CONFIGURED_COMMENT = "configured DefaultEndpointToHostAction"
+
+
+def parse_endpoint_to_host_action(value: str) -> EndpointToHostAction:
+    """``Drop``/``Accept``/``Return`` in any case, or a ValueError naming the choices."""
+    for action in ENDPOINT_TO_HOST_ACTIONS:
+        if value.strip().upper() == action:
+            return action
+    choices = ", ".join(a.capitalize() for a in ENDPOINT_TO_HOST_ACTIONS)
+    raise ValueError(
+        f"default endpoint-to-host action must be one of {choices} "
+        f"(what pods may send to their own node), not {value!r}"
+    )
 
 
 @dataclass(frozen=True)
@@ -62,7 +95,30 @@ def _dispatch(ifaces: Iterable[str], flag: str, prefix: str) -> tuple[Rule, ...]
     return _rules(*jumps, ("-m", "comment", "--comment", "unknown endpoint", "-j", "DROP"))
 
 
-def render(state: DesiredState, local_ifaces: Iterable[str], endpoint_to_host: str) -> FilterState:
+def _wl_to_host(action: EndpointToHostAction) -> tuple[Rule, ...]:
+    """A pod's traffic to its own node: egress policy first, then the configured action.
+
+    The dispatch chain only returns here when the egress policy allowed the packet
+    (the accept mark is set): replies to the node's own connections were accepted
+    inside it and anything denied was dropped. ACCEPT and RETURN still check the mark,
+    so a dispatch that ever returned without a verdict fails closed.
+    """
+    configured = ("-m", "comment", "--comment", CONFIGURED_COMMENT)
+    rules: list[tuple[str, ...]] = [
+        ("-j", "MARK", "--set-xmark", f"0x0/{ACCEPT_MARK:#x}"),
+        ("-j", FROM_DISPATCH),
+    ]
+    if action == "DROP":
+        rules.append((*configured, "-j", "DROP"))
+    else:
+        rules.append(("-m", "mark", "--mark", MARK, *configured, "-j", action))
+        rules.append(("-m", "comment", "--comment", "no egress verdict", "-j", "DROP"))
+    return _rules(*rules)
+
+
+def render(
+    state: DesiredState, local_ifaces: Iterable[str], endpoint_to_host: EndpointToHostAction
+) -> FilterState:
     """The whole filter-table picture for this node (pure)."""
     ifaces = sorted(local_ifaces)
     chains: dict[str, tuple[Rule, ...]] = {
@@ -76,12 +132,9 @@ def render(state: DesiredState, local_ifaces: Iterable[str], endpoint_to_host: s
         ("-o", "cali+", "-j", TO_DISPATCH),
         ("-m", "mark", "--mark", MARK, "-j", "ACCEPT"),
     )
-    chains[INPUT] = _rules(
-        ("-i", "cali+", "-j", "MARK", "--set-xmark", f"0x0/{ACCEPT_MARK:#x}"),
-        ("-i", "cali+", "-j", FROM_DISPATCH),
-        ("-i", "cali+", "-m", "mark", "--mark", MARK, "-j", endpoint_to_host),
-        ("-i", "cali+", "-j", "DROP"),
-    )
+    # goto, so that RETURN from cali-wl-to-host continues in the kernel's INPUT chain
+    chains[INPUT] = _rules(("-i", "cali+", "-g", WL_TO_HOST))
+    chains[WL_TO_HOST] = _wl_to_host(endpoint_to_host)
     hooks = {"FORWARD": _rules(("-j", FORWARD)), "INPUT": _rules(("-j", INPUT))}
     ipsets = {
         name: (spec.set_type, state.members.get(name, frozenset()))
@@ -97,17 +150,13 @@ class PolicyDataplane:
         self,
         runner: CommandRunner,
         backend: str = "auto",
-        endpoint_to_host: str = "ACCEPT",
+        endpoint_to_host: str = DEFAULT_ENDPOINT_TO_HOST_ACTION,
     ) -> None:
-        if endpoint_to_host not in ("ACCEPT", "DROP"):
-            raise ValueError(
-                f"endpoint-to-host action must be ACCEPT or DROP, not {endpoint_to_host}"
-            )
+        self.endpoint_to_host = parse_endpoint_to_host_action(endpoint_to_host)
         self.backend = detect_backend(runner, backend)
         self.filter = Table("filter", runner, self.backend)
         self.nat = Table("nat", runner, self.backend)
         self.ipsets = IpsetManager(runner)
-        self.endpoint_to_host = endpoint_to_host
         self.last_bytes = 0
 
     def apply(

@@ -56,5 +56,5 @@ def test_render_dispatches_known_endpoints_and_fails_closed_for_unknown_ones() -
     assert ("-o", "calibbbb", "-g", "cali-tw-calibbbb") in to_wl
     assert state.hooks["FORWARD"][0].args == ("-j", FORWARD)
     assert state.hooks["INPUT"][0].args == ("-j", INPUT)
-    assert any("DROP" in r.args for r in state.chains[INPUT])  # endpoint-to-host action
+    assert state.chains[INPUT][0].args == ("-i", "cali+", "-g", "cali-wl-to-host")
     assert "cali-tw-caliaaaa" in state.chains and "cali-fw-calibbbb" in state.chains

@@ -326,7 +326,14 @@ def test_daemonset_runs_on_every_node(daemonset: dict[str, Any]) -> None:
     assert main["securityContext"]["privileged"] is True
     assert main["resources"]["requests"].keys() == {"cpu", "memory"}
     env = env_of(
-        main, {"veth_mtu": "1", "iptables_backend": "a", "log_level": "b", "resync_interval": "2"}
+        main,
+        {
+            "veth_mtu": "1",
+            "iptables_backend": "a",
+            "default_endpoint_to_host_action": "Drop",
+            "log_level": "b",
+            "resync_interval": "2",
+        },
     )
     assert env["NODENAME"] == "<spec.nodeName>"
 
