@@ -39,11 +39,12 @@ from bgp.routes import (
     Dataplane,
     RouteContext,
     announcements,
+    borrowed_addresses,
     desired_dataplane,
     own_blocks,
 )
 from bgp.speaker import Speaker, SpeakerOptions
-from datastore.models import BGPConfiguration, BGPPeer, BlockAffinity, IPPool
+from datastore.models import BGPConfiguration, BGPPeer, BlockAffinity, IPAMBlock, IPPool
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +64,7 @@ class BGPInputs:
     affinities: Sequence[BlockAffinity] = ()
     pools: Sequence[IPPool] = ()
     borrowed: Sequence[tuple[str, str | None]] = ()  # (ip, owner of its block) used here
+    blocks: Sequence[IPAMBlock] = ()  # IPAM blocks: their addresses used here join `borrowed`
 
 
 @dataclass
@@ -73,6 +75,8 @@ class ControllerStatus:
     dataplane: Dataplane = field(default_factory=Dataplane)
     routes: ApplyResult = field(default_factory=ApplyResult)
     neigh_errors: list[str] = field(default_factory=list)
+    invalid_blocks: dict[str, str] = field(default_factory=dict)  # name -> why, skipped now
+    newly_invalid: int = 0  # of those, how many the last update() reported for the first time
 
 
 class BGPController:
@@ -133,12 +137,32 @@ class BGPController:
         # while holding its own, so holding ours here could deadlock.
         if not fresh:
             speaker.update_plan(plan)
+        borrowed = self._borrowed(inputs)
         with self._origin_lock:
-            self._base_prefixes = announcements(self.node_name, inputs.affinities, inputs.borrowed)
+            self._base_prefixes = announcements(self.node_name, inputs.affinities, borrowed)
             self._announce(speaker)
         if fresh:
             speaker.start()
         return self.status
+
+    def _borrowed(self, inputs: BGPInputs) -> list[tuple[str, str | None]]:
+        """inputs.borrowed plus what the blocks show; a corrupt block is logged once (per
+        distinct reason) and skipped, so it never fails, nor floods, the pass."""
+        found = borrowed_addresses(self.node_name, inputs.blocks)
+        invalid = dict(found.corrupt)
+        fresh = {n: why for n, why in invalid.items() if self.status.invalid_blocks.get(n) != why}
+        for name, why in sorted(fresh.items()):
+            log.error(
+                "skipping corrupt IPAMBlock %s: %s; its borrowed addresses are not announced "
+                "from here until it is fixed (tabbyctl ipam check)",
+                name,
+                why,
+                extra={"ipamblock": name, "reason": why},
+            )
+        for name in sorted(set(self.status.invalid_blocks) - set(invalid)):
+            log.info("IPAMBlock %s is readable again", name)
+        self.status.invalid_blocks, self.status.newly_invalid = invalid, len(fresh)
+        return [*inputs.borrowed, *found.addresses]
 
     def block_claimed(self, block: Network) -> None:
         """Our allocator just claimed `block`: blackhole it and announce it now."""

@@ -27,7 +27,8 @@ from typing import Final
 
 from bgp.messages import LearnedRoute
 from bgp.nodes import NodeFacts
-from datastore.models import BlockAffinity, IPPool
+from datastore.models import BlockAffinity, IPAMBlock, IPPool
+from ipam.block import decode_blocks
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +125,31 @@ def announcements(
             continue
         out.add(ipaddress.IPv4Network(f"{address}/32"))
     return frozenset(out)
+
+
+@dataclass(frozen=True)
+class Borrowed:
+    """Addresses this node uses from other nodes' blocks, and blocks that could not be read."""
+
+    addresses: tuple[tuple[str, str | None], ...] = ()  # (ip, owner of its block)
+    corrupt: tuple[tuple[str, str], ...] = ()  # (IPAMBlock name, why it is unreadable)
+
+
+def borrowed_addresses(node_name: str, blocks: Iterable[IPAMBlock]) -> Borrowed:
+    """What `announcements` needs from the IPAM blocks: addresses allocated by this node
+    in blocks affine to others. A corrupt block is set aside with its reason (the
+    caller reports it), so it costs its own /32s, not the whole BGP pass."""
+    me = f"host:{node_name}"
+    others = [b for b in blocks if b.spec.affinity != me and not b.spec.deleted]
+    decoded = decode_blocks(others)
+    out: list[tuple[str, str | None]] = []
+    for model, block in decoded.good:
+        owner = (model.spec.affinity or "").removeprefix("host:") or None
+        for alloc in block.iter_allocations():
+            if alloc.attrs.get("node") == node_name:
+                out.append((str(alloc.ip), owner))
+    corrupt = tuple((model.name, reason) for model, reason in decoded.corrupt)
+    return Borrowed(tuple(out), corrupt)
 
 
 # -- kernel routes from learned routes ----------------------------------------------------

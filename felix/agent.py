@@ -55,7 +55,7 @@ from felix.cni_server import (
 from felix.dataplane.runner import SubprocessRunner
 from felix.events import post_pod_event
 from felix.health import HealthServer, Readiness
-from felix.loop import ReconcileLoop
+from felix.loop import ReconcileLoop, backoff_s
 from felix.nat_outgoing import PoolNat
 from felix.policy_dataplane import (
     DEFAULT_ENDPOINT_TO_HOST_ACTION,
@@ -73,7 +73,6 @@ from felix.tunnels import (
 )
 from felix.wiring import host_ifname_for
 from ipam.allocator import AGENT_PRECLAIM_BELOW, IPAMAllocator
-from ipam.block import AllocationBlock
 from ipam.selector import SelectorError, parse_selector
 from policy import Pod as PolicyPod
 from policy import PolicyError, parse_namespace, parse_pod, parse_policy
@@ -277,6 +276,7 @@ class Agent:
         self._vxlan_address: IPv4Address | None = None
         self._ipip_address: IPv4Address | None = None
         self._ipip_failed = False
+        self._retries: dict[str, tuple[int, str]] = {}  # pass -> (failures in a row, error)
 
     # -- start-up -----------------------------------------------------------------------
     def start(self) -> None:
@@ -437,12 +437,28 @@ class Agent:
         condition = f"{name}-programmed"
         try:
             step()
-        except Exception:
+        except Exception as exc:
+            # Backed off (not rerun at once): input that keeps failing must not spin a
+            # core and flood the log; the traceback is logged once per distinct error.
+            failures, last = self._retries.get(name, (0, ""))
+            failures, text = failures + 1, f"{type(exc).__name__}: {exc}"
+            self._retries[name] = (failures, text)
+            delay = backoff_s(failures)
             self.metrics.sync_failures.inc()
-            log.exception("%s pass failed; retrying", name)
+            if text != last:
+                log.exception("%s pass failed; retrying in %.1fs", name, delay)
+            else:
+                log.warning(
+                    "%s pass failed again (%d in a row); retrying in %.0fs: %s",
+                    name,
+                    failures,
+                    delay,
+                    text[:300],
+                )
             self.readiness.set(condition, False, f"{name} pass failed; see the agent log")
-            self.loop.request(f"retry-{name}")
+            self.loop.request_after(f"retry-{name}", delay)
         else:
+            self._retries.pop(name, None)
             self.readiness.set(condition, True)
 
     def _sync_tunnels(self) -> None:
@@ -562,9 +578,10 @@ class Agent:
             peers=[BGPPeer.from_wire(o) for o in self._objects("bgppeers")],
             affinities=[BlockAffinity.from_wire(o) for o in self._objects("affinities")],
             pools=[IPPool.from_wire(o) for o in self._objects("pools")],
-            borrowed=self._borrowed(),
+            blocks=[IPAMBlock.from_wire(o) for o in self._objects("blocks")],
         )
         status = self.bgp.update(inputs)
+        self.metrics.invalid_objects.inc(status.newly_invalid)  # reported once, by bgp/
         if resync:
             status = self.bgp.resync()
         peers = self.bgp.speaker.status_document()["peers"] if self.bgp.speaker else []
@@ -579,20 +596,6 @@ class Agent:
             if raw["metadata"]["name"] == "default":
                 return BGPConfiguration.from_wire(raw)
         return None
-
-    def _borrowed(self) -> list[tuple[str, str | None]]:
-        """Addresses this node uses from other nodes' blocks: announced as /32s."""
-        me = f"host:{self.config.node_name}"
-        borrowed: list[tuple[str, str | None]] = []
-        for raw in self._objects("blocks"):
-            block = IPAMBlock.from_wire(raw)
-            if block.spec.affinity == me or block.spec.deleted:
-                continue
-            owner = (block.spec.affinity or "").removeprefix("host:") or None
-            for alloc in AllocationBlock.from_spec(block.spec).iter_allocations():
-                if alloc.attrs.get("node") == self.config.node_name:
-                    borrowed.append((str(alloc.ip), owner))
-        return borrowed
 
     def _publish_node_address(self) -> None:
         """Put this node's BGP address on its Node object, for its peers to find."""

@@ -17,6 +17,15 @@ log = logging.getLogger(__name__)
 SyncFn = Callable[[set[str]], None]
 
 
+def backoff_s(failures: int, first_s: float = 0.5, cap_s: float = 30.0) -> float:
+    """Delay before retry number `failures` (1, 2, ...): doubling from first_s, capped.
+
+    A pass that fails on the same bad input would otherwise rerun at once, forever:
+    with it, a stuck pass costs one try per cap_s instead of a core and a log flood.
+    """
+    return min(cap_s, first_s * 2 ** max(0, min(failures - 1, 16)))
+
+
 class ReconcileLoop:
     """Runs `sync(reasons)` whenever requested, at most once at a time, plus periodically."""
 
@@ -26,6 +35,7 @@ class ReconcileLoop:
         self._name = name
         self._cond = threading.Condition()
         self._reasons: set[str] = set()
+        self._later: dict[str, float] = {}  # reason -> when it becomes a request
         self._stop = False
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self.passes = 0
@@ -47,6 +57,13 @@ class ReconcileLoop:
             self._reasons.add(reason)
             self._cond.notify_all()
 
+    def request_after(self, reason: str, delay_s: float) -> None:
+        """Ask for a pass in delay_s (a retry that backs off); the earliest ask wins."""
+        due = time.monotonic() + max(0.0, delay_s)
+        with self._cond:
+            self._later[reason] = min(due, self._later.get(reason, due))
+            self._cond.notify_all()
+
     def alive(self) -> bool:
         return self._thread.is_alive()
 
@@ -55,11 +72,18 @@ class ReconcileLoop:
         while True:
             with self._cond:
                 while not self._reasons and not self._stop:
-                    remaining = next_resync - time.monotonic()
+                    now = time.monotonic()
+                    for reason, due in list(self._later.items()):
+                        if due <= now:
+                            del self._later[reason]
+                            self._reasons.add(reason)
+                    if self._reasons:
+                        break
+                    remaining = next_resync - now
                     if remaining <= 0:
                         self._reasons.add("periodic-resync")
                         break
-                    self._cond.wait(remaining)
+                    self._cond.wait(min([remaining, *(d - now for d in self._later.values())]))
                 if self._stop:
                     return
                 reasons, self._reasons = self._reasons, set()

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from ipaddress import IPv4Address, IPv4Network
 from urllib.parse import parse_qsl, quote, unquote, urlencode
 
-from datastore.models import IPAMBlockSpec
+from datastore.models import IPAMBlock, IPAMBlockSpec
 from ipam.errors import AddressInUse, AddressNotAllocated, BadSequenceNumber, BlockCorrupt
 from ipam.pools import parse_network
 
@@ -137,6 +137,32 @@ def decode_ordinals(text: str, size: int) -> tuple[int, ...]:
     return tuple(out)
 
 
+@functools.lru_cache(maxsize=256)
+def shape_problems(
+    allocations: str, unallocated: str, size: int, attributes: int
+) -> tuple[str, ...]:
+    """What makes a stored block unsafe to read or allocate from, beyond parsing.
+
+    An allocation pointing past `attributes` cannot be read (IndexError), and a free
+    list that disagrees with `allocations` would hand out an address someone holds:
+    such a block is refused as a whole (reported, skipped) rather than half used.
+    ValueError if a string does not parse. Cached: a block is re-read on every write.
+    """
+    owners = decode_allocations(allocations, size)
+    free_list = decode_ordinals(unallocated, size)
+    out: list[str] = []
+    missing = sorted({i for i in owners if i is not None and i >= attributes})
+    if missing:
+        out.append(f"allocations point at missing attributes {missing[:8]} (has {attributes})")
+    free_set = set(free_list)
+    if len(free_set) != len(free_list):
+        out.append("unallocated lists an ordinal twice")
+    free = {o for o, i in enumerate(owners) if i is None}
+    if free_set != free:
+        out.append(f"unallocated {sorted(free_set ^ free)[:8]} disagrees with allocations")
+    return tuple(out)
+
+
 def _natural(text: str, what: str, item: str) -> int:
     if not text.isascii() or not text.isdigit():
         raise ValueError(f"{what} in {item!r} is not a number")
@@ -186,13 +212,18 @@ class AllocationBlock:
     @classmethod
     def from_spec(cls, spec: IPAMBlockSpec) -> AllocationBlock:
         """The working copy of a stored block; BlockCorrupt if its strings are unreadable."""
-        cidr = parse_network(spec.cidr)
         try:
+            cidr = parse_network(spec.cidr)
             attributes = [Attribute.decode(text) for text in spec.attributes]
             allocations = decode_allocations(spec.allocations, cidr.num_addresses)
             unallocated = decode_ordinals(spec.unallocated, cidr.num_addresses)
+            unsafe = shape_problems(
+                spec.allocations, spec.unallocated, cidr.num_addresses, len(attributes)
+            )
         except ValueError as exc:
             raise BlockCorrupt(f"block {spec.cidr}: {exc}") from exc
+        if unsafe:
+            raise BlockCorrupt(f"block {spec.cidr}: " + "; ".join(unsafe))
         return cls(
             cidr=cidr,
             affinity=spec.affinity,
@@ -409,10 +440,35 @@ class AllocationBlock:
             raise BlockCorrupt(f"block {self.cidr}: " + "; ".join(problems))
 
 
+@dataclass(frozen=True)
+class Decoded:
+    """Stored blocks split into working copies and the corrupt ones (name, why)."""
+
+    good: list[tuple[IPAMBlock, AllocationBlock]]
+    corrupt: list[tuple[IPAMBlock, str]]
+
+
+def decode_blocks(models: Iterable[IPAMBlock]) -> Decoded:
+    """Working copies of every readable block; a corrupt one is set aside with its reason,
+    so one bad object costs its own addresses, not every reader's whole pass."""
+    good: list[tuple[IPAMBlock, AllocationBlock]] = []
+    corrupt: list[tuple[IPAMBlock, str]] = []
+    for model in models:
+        try:
+            good.append((model, AllocationBlock.from_spec(model.spec)))
+        except BlockCorrupt as exc:
+            corrupt.append((model, str(exc)))
+    return Decoded(good, corrupt)
+
+
 def free_count(spec: IPAMBlockSpec) -> int:
-    """Free addresses in a stored block without a working copy; 0 if unreadable."""
+    """Free addresses in a stored block without a working copy; 0 if unreadable or unsafe
+    (so the allocator passes a corrupt block by instead of failing on it)."""
     try:
-        return len(decode_ordinals(spec.unallocated, parse_network(spec.cidr).num_addresses))
+        size = parse_network(spec.cidr).num_addresses
+        if shape_problems(spec.allocations, spec.unallocated, size, len(spec.attributes)):
+            return 0
+        return len(decode_ordinals(spec.unallocated, size))
     except ValueError:
         return 0  # from_spec names the corruption when something does read it
 

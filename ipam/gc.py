@@ -146,8 +146,14 @@ def _whole_handles(ripe: list[Leak], snapshot: Snapshot) -> list[Leak]:
         a.handle_id for _, b in snapshot.allocation_blocks() for a in b.iter_allocations()
     )
     ripe_count = Counter(leak.handle for leak in ripe)
+    # a handle that also holds addresses in a block nobody can read is left alone
+    unreadable = {m.spec.cidr for m, _ in snapshot.corrupt_blocks()}
+    touching = {h.spec.handle_id for h in snapshot.handles if set(h.spec.block) & unreadable}
     return [
-        leak for leak in ripe if leak.handle is None or ripe_count[leak.handle] == held[leak.handle]
+        leak
+        for leak in ripe
+        if leak.handle is None
+        or (ripe_count[leak.handle] == held[leak.handle] and leak.handle not in touching)
     ]
 
 

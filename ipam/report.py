@@ -27,7 +27,7 @@ from datastore.models import (
     IPPool,
 )
 from ipam.allocator import CLAIM_TIME_ANNOTATION
-from ipam.block import Allocation, AllocationBlock
+from ipam.block import Allocation, AllocationBlock, Decoded, decode_blocks
 from ipam.pools import pool_containing, pool_network, refused_pools
 
 REPORT_VERSION = 1
@@ -51,6 +51,9 @@ class Snapshot:
     config: IPAMConfigSpec = field(default_factory=IPAMConfigSpec)
     nodes: set[str] | None = None  # None: not known, so no node-based conclusions
     pods: set[tuple[str, str]] | None = None  # (namespace, name)
+    _decoded_cache: tuple[tuple[int, ...], Decoded] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
 
     @classmethod
     def load(cls, ds: Datastore, *, with_k8s: bool = True) -> Snapshot:
@@ -70,7 +73,18 @@ class Snapshot:
         return snapshot
 
     def allocation_blocks(self) -> list[tuple[IPAMBlock, AllocationBlock]]:
-        return [(b, AllocationBlock.from_spec(b.spec)) for b in self.blocks]
+        """The readable blocks; corrupt ones are left out here (see corrupt_blocks)."""
+        return self._decoded().good
+
+    def corrupt_blocks(self) -> list[tuple[IPAMBlock, str]]:
+        """Blocks that cannot be read safely, with the reason: `check` reports them."""
+        return self._decoded().corrupt
+
+    def _decoded(self) -> Decoded:
+        key = tuple(id(b) for b in self.blocks)
+        if self._decoded_cache is None or self._decoded_cache[0] != key:
+            self._decoded_cache = (key, decode_blocks(self.blocks))
+        return self._decoded_cache[1]
 
 
 # -- usage ------------------------------------------------------------------------------
@@ -292,6 +306,15 @@ def _block_problems(snapshot: Snapshot) -> list[Problem]:
     for cidr, count in cidrs.items():
         if count > 1:
             out.append(Problem("duplicate-block", f"{count} blocks claim {cidr}", block=cidr))
+    for model, reason in snapshot.corrupt_blocks():
+        out.append(
+            Problem(
+                "corrupt-block",
+                f"{reason} (IPAMBlock {model.name}: it is skipped by every reader; "
+                "fix or delete it)",
+                block=model.spec.cidr,
+            )
+        )
     for _, block in snapshot.allocation_blocks():
         cidr = str(block.cidr)
         for text in block.problems():

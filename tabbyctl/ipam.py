@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import asdict
-from ipaddress import IPv4Address
+from ipaddress import IPv4Address, IPv4Network
 from typing import Any, TypeVar
 
 import click
@@ -28,7 +28,7 @@ from ipam.report import (
     read_report_leaks,
     write_report,
 )
-from tabbyctl.output import emit_data, emit_table, fail, output_option
+from tabbyctl.output import emit_data, emit_table, fail, output_option, warn
 
 F = TypeVar("F", bound=Callable[..., Any])
 RELEASER_NODE = "tabbyctl"
@@ -86,6 +86,13 @@ def show(
         _show_configuration(snapshot, output)
     else:
         _show_usage(pool_usage(snapshot), show_blocks, output)
+    _warn_corrupt(snapshot)
+
+
+def _warn_corrupt(snapshot: Snapshot) -> None:
+    """Corrupt blocks are left out of what `show` counts: say so, on stderr."""
+    for model, reason in snapshot.corrupt_blocks():
+        warn(f"{reason}; IPAMBlock {model.name} is left out (see `tabbyctl ipam check`)")
 
 
 def _pct(part: int, total: int) -> str:
@@ -157,6 +164,9 @@ def _show_configuration(snapshot: Snapshot, output: str) -> None:
 
 def _show_ip(snapshot: Snapshot, text: str, output: str) -> None:
     address = IPv4Address(text)
+    for model, reason in snapshot.corrupt_blocks():
+        if address in IPv4Network(model.spec.cidr):
+            fail(f"{address} lies in a corrupt block, which cannot be read: {reason}")
     for _, block in snapshot.allocation_blocks():
         if address in block.cidr:
             allocation = block.allocation(address)
