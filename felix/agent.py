@@ -57,6 +57,7 @@ from felix.events import post_pod_event
 from felix.health import HealthServer, Readiness
 from felix.loop import ReconcileLoop, backoff_s
 from felix.nat_outgoing import PoolNat
+from felix.pod_members import IPAMOwners
 from felix.policy_dataplane import (
     DEFAULT_ENDPOINT_TO_HOST_ACTION,
     PolicyDataplane,
@@ -75,7 +76,8 @@ from felix.wiring import host_ifname_for
 from ipam.allocator import AGENT_PRECLAIM_BELOW, IPAMAllocator
 from ipam.selector import SelectorError, parse_selector
 from policy import Pod as PolicyPod
-from policy import PolicyError, parse_namespace, parse_pod, parse_policy
+from policy import PolicyError, parse_namespace, parse_policy
+from policy.membership import AddressBook, LocalAddress, local_address, trusted_pod
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -146,17 +148,6 @@ class Metrics:
         self.sync_failures = Counter(
             "tabby_sync_failures_total", "Failed dataplane passes", registry=self.registry
         )
-
-
-def _with_pod_ip(obj: dict[str, Any]) -> dict[str, Any]:
-    """Pods wired by Tabby carry their address in an annotation before kubelet reports it."""
-    if obj.get("kind", "Pod") != "Pod" or "spec" not in obj or "containers" not in obj["spec"]:
-        return obj
-    status = obj.get("status") or {}
-    annotated = (obj["metadata"].get("annotations") or {}).get(ANNOTATION_POD_IP)
-    if annotated and not status.get("podIP") and not status.get("podIPs"):
-        return {**obj, "status": {**status, "podIP": annotated.split("/")[0]}}
-    return obj
 
 
 class IPAMAddresses:
@@ -276,6 +267,7 @@ class Agent:
         self._vxlan_address: IPv4Address | None = None
         self._ipip_address: IPv4Address | None = None
         self._ipip_failed = False
+        self.ipam_owners = IPAMOwners(on_invalid=self.metrics.invalid_objects.inc)
         self._retries: dict[str, tuple[int, str]] = {}  # pass -> (failures in a row, error)
 
     # -- start-up -----------------------------------------------------------------------
@@ -507,14 +499,24 @@ class Agent:
             )
 
     def _sync_policy(self, resync: bool) -> None:
+        """Policy for every pod; a pod's addresses are only ones kubelet or Tabby vouch for
+        (:mod:`policy.membership`), never an annotation a tenant can write."""
         assert self.policy is not None
-        pods = {(p.namespace, p.name): p for p in self._parsed(self._objects("pods"), parse_pod)}
+        book = self.ipam_owners.book(self._objects("blocks"))
+        endpoints = self._local_endpoints()
+        uids = self._local_uids()
+        wired = {
+            (namespace, name): local_address(address, uids.get(iface))
+            for iface, (namespace, name, address) in endpoints.items()
+        }
+        pods = {(p.namespace, p.name): p for p in self._pods(self._objects("pods"), book, wired)}
         local: dict[str, PolicyPod] = {}
-        for iface, (namespace, name, address) in self._local_endpoints().items():
-            pod = pods.get((namespace, name)) or self._fetch_pod(namespace, name, address)
+        for iface, (namespace, name, _address) in endpoints.items():
+            key = (namespace, name)
+            pod = pods.get(key) or self._fetch_pod(namespace, name, book, wired[key])
             if pod is not None:
                 local[iface] = pod
-                pods[(namespace, name)] = pod
+                pods[key] = pod
         self.policy.apply(
             self._parsed(self._objects("policies"), parse_policy),
             pods.values(),
@@ -532,11 +534,31 @@ class Agent:
         parsed = []
         for obj in objects:
             try:
-                parsed.append(parse(_with_pod_ip(obj)))
+                parsed.append(parse(obj))
             except PolicyError as exc:
                 self.metrics.invalid_objects.inc()
                 log.warning("skipping invalid object: %s", exc)
         return parsed
+
+    def _pods(
+        self,
+        objects: list[dict[str, Any]],
+        book: AddressBook,
+        wired: Mapping[tuple[str, str], LocalAddress],
+    ) -> list[PolicyPod]:
+        """Pods for the compiler, each with its trusted addresses; a bad one is skipped."""
+
+        def parse(obj: Any) -> PolicyPod:
+            key = _pod_key(obj)
+            return trusted_pod(obj, book, wired.get(key) if key else None)
+
+        return self._parsed(objects, parse)
+
+    def _local_uids(self) -> dict[str, str]:
+        """host interface -> the Pod UID its ADD named (K8S_POD_UID), where known."""
+        if self.handlers is None:
+            return {}
+        return {ep.host_ifname: ep.pod_uid for ep in self.handlers.endpoints.all() if ep.pod_uid}
 
     def _local_endpoints(self) -> dict[str, tuple[str, str, str]]:
         """host interface -> (namespace, pod, address) for every pod wired here."""
@@ -547,27 +569,44 @@ class Agent:
                     local[ep.host_ifname] = (ep.namespace, ep.pod, str(ep.address))
         return local
 
-    def _fetch_pod(self, namespace: str, name: str, address: str) -> PolicyPod | None:
-        """A pod the cache has not seen yet (ADD right after create): read it directly."""
+    def _fetch_pod(
+        self, namespace: str, name: str, book: AddressBook, wired: LocalAddress
+    ) -> PolicyPod | None:
+        """A pod the cache has not seen yet (ADD right after create): read it directly.
+        Its address is the one this agent wired, never what the object claims."""
         try:
             raw = self.datastore.get_raw(kinds.POD, name, namespace)
         except DatastoreError:
             return None
-        raw.setdefault("status", {}).setdefault("podIP", address)
-        parsed = self._parsed([raw], parse_pod)
+        parsed = self._pods([raw], book, {(namespace, name): wired})
         return parsed[0] if parsed else None
 
     def _recover_endpoints(self) -> None:
-        """After a restart: re-adopt this node's wired pods from their veths and annotations,
-        so their policy is programmed again instead of falling to the fail-closed default."""
-        for raw in self._objects("pods"):
-            meta, spec = raw["metadata"], raw.get("spec") or {}
-            address = (meta.get("annotations") or {}).get(ANNOTATION_POD_IP, "")
-            if spec.get("nodeName") != self.config.node_name or not address:
+        """After a restart: re-adopt this node's wired pods from their veths and IPAM,
+        so their policy is programmed again instead of falling to the fail-closed default.
+
+        A pod's address is what IPAM holds for it on this node (read fresh: recovery
+        has just released every address no veth routes), never its podIP annotation,
+        which anyone who may patch the Pod can rewrite.
+        """
+        candidates: dict[str, list[tuple[str, str, str, str]]] = {}
+        blocks, _ = self.datastore.list_raw(kinds.IPAMBLOCK)
+        for ip, owner in (e for raw in blocks for e in self.ipam_owners.read(raw)):
+            if owner.node == self.config.node_name:
+                iface = host_ifname_for(owner.namespace, owner.pod)
+                entry = (owner.namespace, owner.pod, str(ip), owner.ifname)
+                candidates.setdefault(iface, []).append(entry)
+        for iface, entries in candidates.items():
+            if not Path(f"/sys/class/net/{iface}").exists():
                 continue
-            iface = host_ifname_for(meta["namespace"], meta["name"])
-            if Path(f"/sys/class/net/{iface}").exists():
-                self.recovered[iface] = (meta["namespace"], meta["name"], address.split("/")[0])
+            primary = [e for e in entries if e[3] in ("", "eth0")] if len(entries) > 1 else entries
+            if len(primary) != 1:
+                log.warning(
+                    "%s: IPAM holds %d addresses for its pod; not re-adopted", iface, len(entries)
+                )
+                continue
+            namespace, pod, address, _ = primary[0]
+            self.recovered[iface] = (namespace, pod, address)
         log.info("re-adopted %d wired pods", len(self.recovered))
 
     def _sync_bgp(self, resync: bool) -> None:
@@ -663,6 +702,15 @@ class Agent:
         log.info("stopping")
         self.stop()
         return 0
+
+
+def _pod_key(obj: Any) -> tuple[str, str] | None:
+    """(namespace, name) of a Pod dict, if it has them (parsing reports the rest)."""
+    meta = obj.get("metadata") if isinstance(obj, dict) else None
+    if not isinstance(meta, dict):
+        return None
+    namespace, name = meta.get("namespace"), meta.get("name")
+    return (namespace, name) if isinstance(namespace, str) and isinstance(name, str) else None
 
 
 def settle_heap() -> None:

@@ -1,0 +1,83 @@
+"""The agent's side of policy membership: IPAM blocks → :class:`policy.AddressBook`.
+
+Only Tabby writes IPAMBlocks (tenants cannot), so the owner attributes stored
+with each allocation (``namespace``, ``pod``, ``node``, ``uid`` where recorded)
+say which pod an address was given to. :mod:`policy.membership` decides from
+them, the Pod's status and the local endpoint table which addresses a pod
+stands for; this module only reads the blocks, once per block version (every
+ADD runs a policy pass, and most blocks have not changed since the last one).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from ipaddress import IPv4Address
+from typing import Any
+
+from datastore.models import IPAMBlock
+from ipam.block import AllocationBlock
+from policy.membership import AddressBook, Owner
+
+log = logging.getLogger(__name__)
+
+Entries = list[tuple[IPv4Address, Owner]]
+
+
+def block_owners(raw: dict[str, Any]) -> Entries:
+    """(address, owner) for every pod allocation of one IPAMBlock; raises if unreadable.
+
+    Allocations without a pod (tunnel addresses, an ADD without K8S_POD_NAME) own
+    no pod membership and are left out.
+    """
+    block = AllocationBlock.from_spec(IPAMBlock.from_wire(raw).spec)
+    out: Entries = []
+    for alloc in block.iter_allocations():
+        attrs = alloc.attrs
+        namespace, pod = attrs.get("namespace", ""), attrs.get("pod", "")
+        if namespace and pod:
+            owner = Owner(
+                namespace,
+                pod,
+                node=attrs.get("node", ""),
+                uid=attrs.get("uid", ""),
+                ifname=attrs.get("ifname", ""),
+            )
+            out.append((alloc.ip, owner))
+    return out
+
+
+class IPAMOwners:
+    """Builds the address book from the blocks informer's objects, cached per version.
+
+    A block that cannot be read is reported once per resourceVersion and
+    contributes nothing (its pods keep their status addresses, rule 3 of
+    :mod:`policy.membership`), so one bad object never stops the policy pass.
+    """
+
+    def __init__(self, on_invalid: Callable[[], None] = lambda: None) -> None:
+        self._cache: dict[str, tuple[str, Entries]] = {}
+        self._on_invalid = on_invalid
+
+    def book(self, blocks: Iterable[dict[str, Any]]) -> AddressBook:
+        """The address book of these blocks (the informer's current snapshot)."""
+        seen: dict[str, tuple[str, Entries]] = {}
+        for raw in blocks:
+            meta = raw.get("metadata") or {}
+            name, version = str(meta.get("name", "")), str(meta.get("resourceVersion", ""))
+            cached = self._cache.get(name)
+            if cached is None or cached[0] != version or not version:
+                cached = (version, self.read(raw))
+            seen[name] = cached
+        self._cache = seen
+        return AddressBook(entry for _, entries in seen.values() for entry in entries)
+
+    def read(self, raw: dict[str, Any]) -> Entries:
+        """One block's owners, uncached; an unreadable block is reported and gives none."""
+        try:
+            return block_owners(raw)
+        except Exception as exc:  # any malformed field: report it, never fail the pass
+            self._on_invalid()
+            name = (raw.get("metadata") or {}).get("name")
+            log.warning("IPAM block %s is unreadable; its owners are not used: %s", name, exc)
+            return []
