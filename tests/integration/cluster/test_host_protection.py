@@ -1,0 +1,144 @@
+"""Pods cannot reach their own node's ports, BGP's 179 included (issue 21 item 7).
+
+A two-node lab with real agents and ExaBGP. Before the fix a pod connected to its
+node's BGP port and to any other listener in the node's namespace. Now the agents'
+default endpoint-to-host action (Drop, as Calico's DefaultEndpointToHostAction)
+refuses that, while the BGP sessions between the nodes stay up, routes keep carrying
+pod traffic across nodes and the node's own connections to its pods (health checks)
+work. With the action set to Accept the pod reaches the host port again.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from lab.cluster import ClusterSpec, LabCluster, PodInfo
+
+pytestmark = pytest.mark.integration
+
+HOST_PORT, POD_PORT = 10250, 8080
+CONNECT = """
+import socket, sys
+try:
+    socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=2).close()
+except OSError as exc:
+    print(exc)
+    sys.exit(1)
+"""
+LISTEN = """
+import socket, sys
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((sys.argv[1], int(sys.argv[2])))
+s.listen(16)
+print("ready", flush=True)
+while True:
+    s.accept()[0].close()
+"""
+
+
+def _connects(netns: str, address: str, port: int) -> bool:
+    argv = ["ip", "netns", "exec", netns, sys.executable, "-c", CONNECT, address, str(port)]
+    return subprocess.run(argv, capture_output=True, timeout=20, check=False).returncode == 0
+
+
+def _listen(netns: str, address: str, port: int) -> subprocess.Popen[str]:
+    argv = ["ip", "netns", "exec", netns, sys.executable, "-c", LISTEN, address, str(port)]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    return proc
+
+
+def _settles(check: Callable[[], bool], timeout: float = 60.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.5)
+    return False
+
+
+def _bgp_up(cluster: LabCluster) -> bool:
+    for node in cluster.nodes:
+        path = cluster.run_dir(node.name) / "bgp-status.json"
+        peers = json.loads(path.read_text())["peers"] if path.exists() else []
+        if [p.get("state") for p in peers] != ["up"]:
+            return False
+    return True
+
+
+class _Lab:
+    """Two nodes, a pod on each, a listener on a host port of node1 and in pod a."""
+
+    def __init__(self, cluster: LabCluster) -> None:
+        self.cluster = cluster
+        self.a: PodInfo = cluster.create_pod("x", "a", "node1", {"pod": "a"})
+        self.b: PodInfo = cluster.create_pod("x", "b", "node2", {"pod": "b"})
+        self.node1 = cluster.node("node1")
+        self.procs = [
+            _listen(self.node1.netns, "0.0.0.0", HOST_PORT),
+            _listen(self.a.netns, self.a.ip, POD_PORT),
+        ]
+
+    def pod_reaches_node(self, port: int) -> bool:
+        return _connects(self.a.netns, self.node1.ip, port)
+
+    def close(self) -> None:
+        for proc in self.procs:
+            proc.kill()
+            proc.wait()
+
+
+def _up(tmp_path: Path) -> Iterator[_Lab]:
+    cluster = LabCluster.up(tmp_path / "lab", ClusterSpec(nodes=2))
+    lab: _Lab | None = None
+    try:
+        lab = _Lab(cluster)
+        assert _settles(lambda: _bgp_up(cluster)), "BGP sessions did not come up"
+        assert _settles(lambda: cluster.can_reach("x/a", "x/b", timeout_s=1, attempts=1))
+        yield lab
+    finally:
+        if lab is not None:
+            lab.close()
+        cluster.down()
+
+
+@pytest.fixture
+def default_lab(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[_Lab]:
+    monkeypatch.delenv("TABBY_DEFAULT_ENDPOINT_TO_HOST_ACTION", raising=False)
+    yield from _up(tmp_path)
+
+
+@pytest.fixture
+def accept_lab(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[_Lab]:
+    monkeypatch.setenv("TABBY_DEFAULT_ENDPOINT_TO_HOST_ACTION", "Accept")
+    yield from _up(tmp_path)
+
+
+def test_pod_cannot_reach_its_nodes_bgp_port_or_host_ports(default_lab: _Lab) -> None:
+    lab, cluster = default_lab, default_lab.cluster
+    assert not lab.pod_reaches_node(179), "pod reached its node's BGP port"
+    assert not lab.pod_reaches_node(HOST_PORT), "pod reached a host port of its node"
+    # node to node BGP is untouched, and routes still carry pod traffic both ways
+    assert _bgp_up(cluster)
+    assert cluster.can_reach("x/a", "x/b") and cluster.can_reach("x/b", "x/a")
+    # health checks: the node connects to its pod (TCP and ICMP)
+    assert _connects(lab.node1.netns, lab.a.ip, POD_PORT)
+    ping = ["ip", "netns", "exec", lab.node1.netns, "ping", "-c1", "-W2", lab.a.ip]
+    assert subprocess.run(ping, capture_output=True, timeout=10, check=False).returncode == 0
+    # a pod on the other node still reaches pod a's port
+    assert _connects(lab.b.netns, lab.a.ip, POD_PORT)
+    assert _bgp_up(cluster)
+
+
+def test_with_accept_the_pod_reaches_the_host_port(accept_lab: _Lab) -> None:
+    assert accept_lab.pod_reaches_node(HOST_PORT)
+    assert accept_lab.pod_reaches_node(179)
+    assert _bgp_up(accept_lab.cluster)
