@@ -4,8 +4,8 @@
 The container runtime runs this file for every ADD, DEL, CHECK, STATUS, GC and
 VERSION call (it is copied to the CNI bin dir and run as ``python3 -I -S``).
 Start-up time is paid once per pod operation, so the file imports only ``os``,
-``sys`` and the C cores ``_json`` and ``_socket`` (see :func:`loads`) and holds
-no state: it checks the call,
+``sys`` and the C cores ``_json`` and ``_socket`` (see :func:`loads`; ``fcntl``
+only when a netns is checked) and holds no state: it checks the call,
 forwards ``{command, env, args, config}`` as one JSON message to the node agent
 over a root-only unix socket and prints the agent's answer. VERSION is answered
 here, without the agent.
@@ -27,6 +27,15 @@ Agent unreachable (no socket file, connection refused):
   valid). If the agent accepted the connection but did not answer in time, DEL
   returns 11: the agent is alive and a retry is cheap because DEL is idempotent.
 
+Error codes, as a runtime reads them: 11 (try again later) is the only code
+that invites a retry, so it is used for "the agent is busy, down or went away
+mid-call" (an empty or cut-off answer means it died or restarted), and never
+for input that can never work: a config over :data:`MAX_MESSAGE` is 7, an
+over-long container id or a ``CNI_NETNS`` that is not a network namespace is
+4, JSON the decoder cannot handle (even nested 100,000 deep) is 6. Whatever
+happens, the plugin prints spec error JSON (:func:`main` has a last-resort
+guard) and never a traceback alone.
+
 The agent imports the validation helpers below so that both sides agree on
 what a valid call is; keep them free of anything but the standard library.
 """
@@ -43,7 +52,13 @@ COMMANDS = ("ADD", "DEL", "CHECK", "VERSION", "STATUS", "GC")
 DEFAULT_SOCKET = "/run/tabby/cni.sock"
 DEFAULT_TIMEOUT_S = 120.0
 CONNECT_TIMEOUT_S = 5.0
-MAX_MESSAGE = 16 * 1024 * 1024
+MAX_MESSAGE = 16 * 1024 * 1024  # bytes: a request (config + env) or an answer
+# Runtimes use 64 hex characters; the handle id "<network>.<id>" must fit the
+# 512 of IPAMHandle.spec.handleID and a block's 4096-character attributes.
+MAX_CONTAINER_ID = 256
+MAX_NETWORK_NAME = 128
+_NS_GET_NSTYPE = 0xB703  # ioctl(2) on a namespace fd: its CLONE_NEW* type (Linux 4.11)
+_CLONE_NEWNET = 0x40000000
 
 # CNI spec error codes (SPEC.md "Error" section; 100+ are Tabby's own).
 ERR_INCOMPATIBLE_VERSION = 1
@@ -87,6 +102,8 @@ def loads(raw: bytes | str) -> object:
         value, end = _scan(text, start)
     except StopIteration as stop:
         raise ValueError(f"expecting a JSON value at char {stop.value}") from None
+    except RecursionError:
+        raise ValueError("JSON is nested too deeply to decode (over ~1000 levels)") from None
     except Exception:
         # The C scanner can only describe a syntax error if json.decoder is
         # loaded; pay for that import on this error path alone.
@@ -173,6 +190,50 @@ def parse_cni_args(raw: str) -> dict:
     return args
 
 
+def _shown(value: str, limit: int = 64) -> str:
+    """*value* for a message: repr'd and cut, so a 4 KB input is not echoed back."""
+    return repr(value) if len(value) <= limit else repr(value[:limit]) + f"... ({len(value)} chars)"
+
+
+def check_netns(netns: str) -> None:
+    """*netns* must be a network namespace file (nsfs), not a file, dir or FIFO.
+
+    Checked before anything is allocated: the agent's ``setns`` would fail with
+    a bare OSError on a file and block for ever opening a FIFO. Missing is code
+    3 (the container is gone), anything else that is not a netns is code 4.
+    """
+    try:
+        st = os.stat(netns)
+    except FileNotFoundError:
+        raise CNIError(ERR_UNKNOWN_CONTAINER, f"network namespace {netns} does not exist") from None
+    except OSError as exc:
+        raise CNIError(ERR_INVALID_ENV, f"CNI_NETNS {netns} cannot be read", str(exc)) from None
+    wrong = f"CNI_NETNS {netns} is not a network namespace"
+    hint = "expected a netns file such as /var/run/netns/<name> or /proc/<pid>/ns/net"
+    if st.st_mode & 0o170000 != 0o100000:  # not S_IFREG: a directory, FIFO, device...
+        raise CNIError(ERR_INVALID_ENV, wrong, f"it is not a regular file; {hint}")
+    try:
+        nsfs = os.stat("/proc/self/ns/net").st_dev
+    except OSError:
+        nsfs = None  # no /proc: let the ioctl below (or the agent) decide
+    if nsfs is not None and st.st_dev != nsfs:
+        raise CNIError(ERR_INVALID_ENV, wrong, f"it is an ordinary file; {hint}")
+    import fcntl  # built into CPython on Linux distributions; only ADD/CHECK pay for it
+
+    try:
+        fd = os.open(netns, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise CNIError(ERR_INVALID_ENV, f"CNI_NETNS {netns} cannot be opened", str(exc)) from None
+    try:
+        kind = fcntl.ioctl(fd, _NS_GET_NSTYPE)
+    except OSError:
+        kind = _CLONE_NEWNET if nsfs is not None else 0  # nsfs, type unknown (old kernel)
+    finally:
+        os.close(fd)
+    if kind != _CLONE_NEWNET:
+        raise CNIError(ERR_INVALID_ENV, wrong, f"it is another kind of namespace; {hint}")
+
+
 def _require_env(env: dict, key: str) -> str:
     value = env.get(key, "")
     if not value:
@@ -185,8 +246,15 @@ def validate_env(command: str, env: dict) -> dict:
     out = {"CNI_COMMAND": command}
     if command in _NEEDS_CONTAINER:
         cid = _require_env(env, "CNI_CONTAINERID")
+        if len(cid) > MAX_CONTAINER_ID:
+            raise CNIError(
+                ERR_INVALID_ENV,
+                f"CNI_CONTAINERID is {len(cid)} characters long; at most {MAX_CONTAINER_ID}"
+                " are accepted (runtimes use 64)",
+                _shown(cid),
+            )
         if not is_valid_name(cid):
-            raise CNIError(ERR_INVALID_ENV, f"CNI_CONTAINERID {cid!r} has invalid characters")
+            raise CNIError(ERR_INVALID_ENV, f"CNI_CONTAINERID {_shown(cid)} has invalid characters")
         out["CNI_CONTAINERID"] = cid
         ifname = _require_env(env, "CNI_IFNAME")
         validate_ifname(ifname)
@@ -197,8 +265,8 @@ def validate_env(command: str, env: dict) -> dict:
     if netns and command in _NEEDS_CONTAINER:
         if not netns.startswith("/"):
             raise CNIError(ERR_INVALID_ENV, f"CNI_NETNS {netns!r} is not an absolute path")
-        if command in _NEEDS_NETNS and not os.path.exists(netns):
-            raise CNIError(ERR_UNKNOWN_CONTAINER, f"network namespace {netns} does not exist")
+        if command in _NEEDS_NETNS:
+            check_netns(netns)
         out["CNI_NETNS"] = netns
     if command == "GC":
         out["CNI_PATH"] = _require_env(env, "CNI_PATH")
@@ -265,6 +333,10 @@ def validate_config(command: str, config: object) -> dict:
         raise CNIError(ERR_INVALID_CONFIG, "GC needs cni.dev/attachments (the valid attachments)")
     if not is_valid_name(config.get("name")):
         raise CNIError(ERR_INVALID_CONFIG, "network name is missing or invalid")
+    if len(config["name"]) > MAX_NETWORK_NAME:
+        raise CNIError(
+            ERR_INVALID_CONFIG, f"network name is longer than {MAX_NETWORK_NAME} characters"
+        )
     if not isinstance(config.get("type"), str) or not config["type"]:
         raise CNIError(ERR_INVALID_CONFIG, "plugin type is missing or not a string")
     _check_optional_fields(config)
@@ -292,11 +364,16 @@ def build_request(command: str, env: dict, raw_config: bytes) -> dict:
 
 
 def caller_version(raw_config: bytes) -> str:
-    """The caller's cniVersion if we speak it, else our newest (for answers and errors)."""
+    """The caller's cniVersion if we speak it, else our newest (for answers and errors).
+
+    Never raises: it runs on the error path too.
+    """
+    if len(raw_config) > MAX_MESSAGE:
+        return SUPPORTED_VERSIONS[-1]
     try:
         config = loads(raw_config)
         requested = config.get("cniVersion") if isinstance(config, dict) else None
-    except (ValueError, UnicodeDecodeError):
+    except Exception:
         requested = None
     return requested if requested in SUPPORTED_VERSIONS else SUPPORTED_VERSIONS[-1]
 
@@ -323,8 +400,45 @@ class AgentUnreachable(Exception):
     """No agent listening: the socket is missing or refuses connections."""
 
 
+def _too_large(size: int, what: str) -> CNIError:
+    return CNIError(
+        ERR_INVALID_CONFIG,
+        f"{what} is too large: {size} bytes, over the 16 MiB limit"
+        f" ({MAX_MESSAGE} bytes) of a request to the tabby agent",
+    )
+
+
+def _decode_answer(path: str, raw: bytes) -> dict:
+    """The agent's answer; an empty or cut-off one means it died mid-call (code 11)."""
+    if not raw.strip():
+        raise CNIError(
+            ERR_TRY_AGAIN_LATER,
+            f"tabby agent on {path} closed the connection without answering"
+            " (it may have been restarted); try again",
+        )
+    try:
+        answer = loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        if not raw.rstrip().endswith(b"}"):  # the agent writes one object: this one was cut
+            raise CNIError(
+                ERR_TRY_AGAIN_LATER,
+                f"tabby agent on {path} hung up without finishing its answer"
+                f" ({len(raw)} bytes; it may have been restarted); try again",
+                str(exc),
+            ) from None
+        raise CNIError(
+            ERR_INTERNAL, f"tabby agent on {path} sent an undecodable answer", str(exc)
+        ) from None
+    if not isinstance(answer, dict):
+        raise CNIError(ERR_INTERNAL, f"tabby agent on {path} sent a malformed answer")
+    return answer
+
+
 def call_agent(path: str, request: dict, timeout: float) -> dict:
     """Send one request, read one answer; errors are CNIError or AgentUnreachable."""
+    data = dumps(request).encode()
+    if len(data) > MAX_MESSAGE:  # the agent would drop it unanswered: say why, for good
+        raise _too_large(len(data), "the request (network configuration and CNI_* environment)")
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         # Blocking connect waits for room in a busy agent's backlog, bounded by
@@ -341,22 +455,18 @@ def call_agent(path: str, request: dict, timeout: float) -> dict:
             ) from None
         sock.settimeout(timeout)
         try:
-            sock.sendall(dumps(request).encode())
+            sock.sendall(data)
             sock.shutdown(socket.SHUT_WR)
             raw = _recv_all(sock)
         except OSError as exc:
             raise CNIError(
-                ERR_TRY_AGAIN_LATER, f"no answer from the tabby agent on {path}", str(exc)
+                ERR_TRY_AGAIN_LATER,
+                f"no answer from the tabby agent on {path} (busy or restarting?); try again",
+                str(exc),
             ) from None
     finally:
         sock.close()
-    try:
-        answer = loads(raw)
-    except ValueError:
-        raise CNIError(ERR_INTERNAL, f"tabby agent on {path} sent an undecodable answer") from None
-    if not isinstance(answer, dict):
-        raise CNIError(ERR_INTERNAL, f"tabby agent on {path} sent a malformed answer")
-    return answer
+    return _decode_answer(path, raw)
 
 
 def _answer(answer: dict) -> object:
@@ -394,6 +504,8 @@ def run(env: dict, raw_config: bytes) -> tuple:
     if command == "VERSION":
         return 0, dumps(version_result(raw_config))
     try:
+        if len(raw_config) > MAX_MESSAGE:
+            raise _too_large(len(raw_config), "the network configuration on stdin")
         result = forward(build_request(command, env, raw_config))
     except CNIError as exc:
         return 1, dumps(exc.to_dict(caller_version(raw_config)))
@@ -405,12 +517,40 @@ def run(env: dict, raw_config: bytes) -> tuple:
     return 0, dumps(result)
 
 
+def read_stdin() -> bytes:
+    """All of stdin up to MAX_MESSAGE + 1 bytes; the rest is read and dropped.
+
+    Reading it all keeps the runtime's write from failing (EPIPE) and memory
+    bounded; one byte over the limit is enough for :func:`run` to refuse it.
+    """
+    read = sys.stdin.buffer.read
+    raw = read(MAX_MESSAGE + 1)
+    while len(raw) > MAX_MESSAGE and read(1 << 20):
+        pass
+    return raw
+
+
+def _last_resort(exc: BaseException) -> str:
+    """Error JSON built from literals: nothing here may fail in turn."""
+    details = _json.encode_basestring_ascii(f"{type(exc).__name__}: {exc}"[:500])
+    return (
+        f'{{"cniVersion": "{SUPPORTED_VERSIONS[-1]}", "code": {ERR_INTERNAL}, '
+        f'"msg": "tabby shim failed unexpectedly", "details": {details}}}'
+    )
+
+
 def main() -> int:
-    """Entry point: env and stdin in, JSON and exit status out."""
-    raw = b""
-    if os.environ.get("CNI_COMMAND") != "VERSION" or not sys.stdin.isatty():
-        raw = sys.stdin.buffer.read()
-    code, text = run(dict(os.environ), raw)
+    """Entry point: env and stdin in, JSON and exit status out.
+
+    The guard makes sure the runtime gets spec error JSON whatever goes wrong.
+    """
+    try:
+        raw = b""
+        if os.environ.get("CNI_COMMAND") != "VERSION" or not sys.stdin.isatty():
+            raw = read_stdin()
+        code, text = run(dict(os.environ), raw)
+    except BaseException as exc:  # the runtime must always get JSON
+        code, text = 1, _last_resort(exc)
     if text:
         sys.stdout.write(text + "\n")
     return code
