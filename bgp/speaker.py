@@ -15,6 +15,13 @@ Process layout (research notes 1.3, 1.4, 2.1):
   core's commands into ExaBGP's command pipe, with no relay process in between.
 - Supervision: when ExaBGP exits it is restarted with exponential backoff; the
   core treats that as every session going down (their routes are dropped).
+- ExaBGP dies with its agent: it is started with a parent-death signal (prctl
+  PR_SET_PDEATHSIG), so a `kill -9` of the agent takes it along instead of leaving
+  an orphan that holds port 179 with the old config and no driver. Where that did
+  not happen (an older agent, a signal ExaBGP ignored), a pidfile in the workdir
+  names the speaker we started; the next start stops it first, but only after
+  checking that the pid is still that process (same start time and boot, our config
+  file on its command line), never by name (`stop_orphan`).
 - A changed peer set rewrites the config and sends SIGUSR1 (reload); new peers get
   our routes replayed when they come up.
 - Every change of peer state is written to a JSON status file for `tabbyctl node
@@ -22,6 +29,8 @@ Process layout (research notes 1.3, 1.4, 2.1):
 
 Callbacks (`on_routes`) run on the reader thread, outside the lock, with the full
 learned-route list: the agent turns it into kernel routes (bgp.routes, bgp.kernel).
+`SpeakerOptions.on_peers` gets the peer list whenever a peer's state changes, as
+it happens (the agent's /readyz follows BGP without waiting for a resync pass).
 """
 
 from __future__ import annotations
@@ -54,6 +63,8 @@ STATUS_VERSION = 1
 MAX_UNIX_PATH = 107  # sun_path holds 108 bytes with the terminating NUL
 HELPER = Path(__file__).with_name("api_helper.py")
 RoutesCallback = Callable[[list[LearnedRoute]], None]
+PeersCallback = Callable[[list[dict[str, Any]]], None]
+PIDFILE_VERSION = 1
 F_SETPIPE_SZ = 1031  # fcntl.F_SETPIPE_SZ, spelled out for Pythons that lack it
 PIPE_SIZE = 1 << 20
 
@@ -114,6 +125,9 @@ class SpeakerOptions:
     backoff_initial: float = 0.5
     backoff_max: float = 30.0
     stop_timeout: float = 5.0
+    # sent to ExaBGP when the thread that started it (so the agent) dies; None: not set
+    parent_death_signal: int | None = signal.SIGTERM
+    on_peers: PeersCallback | None = None  # peer list (status JSON) on every state change
 
     @property
     def config_file(self) -> Path:
@@ -126,6 +140,135 @@ class SpeakerOptions:
     @property
     def log_file(self) -> Path:
         return self.workdir / "exabgp.log"
+
+    @property
+    def pid_file(self) -> Path:
+        return self.workdir / "exabgp.pid"
+
+
+# -- the speaker we own: pidfile and process identity ------------------------------------
+def _boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+def process_start_time(pid: int) -> int | None:
+    """Start time of a live (not zombie) process in clock ticks since boot, else None.
+
+    With the boot id, (pid, start time) names one process for good: a reused pid
+    has another start time.
+    """
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()  # the name in parentheses may hold spaces
+    if fields[0] in ("Z", "X"):
+        return None  # exited (a zombie holds no socket any more)
+    return int(fields[19])
+
+
+def process_argv(pid: int) -> list[str]:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return [a.decode("utf-8", "replace") for a in raw.split(b"\0") if a]
+
+
+def speaker_record(pid: int, config_file: Path) -> dict[str, Any] | None:
+    """What the pidfile says about a speaker we just started (None: it is gone already)."""
+    started = process_start_time(pid)
+    if started is None:
+        return None
+    return {
+        "version": PIDFILE_VERSION,
+        "pid": pid,
+        "startTime": started,
+        "bootId": _boot_id(),
+        "config": str(config_file),
+    }
+
+
+def is_our_speaker(record: dict[str, Any], config_file: Path) -> bool:
+    """Whether the pidfile's process is still the ExaBGP we started (and alive).
+
+    All must hold: same boot, same start time (not a reused pid), our config file
+    on its command line (`ip netns exec … exabgp server <config>` before the exec,
+    `python …/exabgp server <config>` after: the path is on both).
+    """
+    try:
+        pid, started = int(record["pid"]), int(record["startTime"])
+    except (KeyError, TypeError, ValueError):
+        return False
+    if pid <= 1 or pid == os.getpid() or record.get("config") != str(config_file):
+        return False
+    if record.get("bootId") != _boot_id() or process_start_time(pid) != started:
+        return False
+    return str(config_file) in process_argv(pid)
+
+
+def stop_orphan(options: SpeakerOptions) -> int | None:
+    """Stop the speaker a previous agent left running (its pidfile); its pid, or None.
+
+    A pidfile that names any other process (pid reused, edited by hand, another
+    program) is only removed: nothing is killed on a guess.
+    """
+    path = options.pid_file
+    try:
+        record = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as err:
+        log.warning("ignoring unreadable %s: %s", path, err)
+        record = {}
+    if not isinstance(record, dict) or not is_our_speaker(record, options.config_file):
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        return None
+    pid = int(record["pid"])
+    log.warning("stopping ExaBGP pid %d left running by a previous agent", pid)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        _signal_speaker(pid, sig)
+        deadline = time.monotonic() + options.stop_timeout
+        while time.monotonic() < deadline:
+            if process_start_time(pid) != record["startTime"]:
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+                return pid
+            time.sleep(0.02)
+    log.error("ExaBGP pid %d (left by a previous agent) survived SIGKILL", pid)
+    return pid
+
+
+def _signal_speaker(pid: int, sig: int) -> None:
+    """Its whole group when it leads one (ExaBGP and its API helper), else it alone."""
+    with contextlib.suppress(ProcessLookupError):
+        if os.getpgid(pid) == pid:
+            os.killpg(pid, sig)
+        else:
+            os.kill(pid, sig)
+
+
+# Run by ExaBGP's own process before it becomes ExaBGP: ask for `sig` when the thread
+# that forked it dies, give up if that already happened, then exec the real command.
+# (A preexec_fn would run Python between fork and exec in a threaded agent: unsafe.)
+PARENT_DEATH_SHIM = (
+    "import ctypes,os,sys;"
+    "ctypes.CDLL(None,use_errno=True).prctl(1,int(sys.argv[1]),0,0,0);"
+    "os.getppid()==int(sys.argv[2]) or os._exit(1);"
+    "os.execvp(sys.argv[3],sys.argv[3:])"
+)
+
+
+def with_parent_death(argv: Sequence[str], sig: int | None, python: str) -> list[str]:
+    """`argv`, started so that it gets `sig` when the agent dies (PR_SET_PDEATHSIG,
+    kept across exec; ExaBGP keeps its pid); `argv` alone when sig is None."""
+    if sig is None:
+        return list(argv)
+    return [python, "-S", "-c", PARENT_DEATH_SHIM, str(int(sig)), str(os.getpid()), *argv]
 
 
 class Speaker:
@@ -141,6 +284,7 @@ class Speaker:
         self._callback_lock = threading.Lock()  # callbacks in order, one at a time
         self._status_lock = threading.Lock()
         self._last_status: dict[str, Any] | None = None  # as last written, less "updated"
+        self._last_peers: list[tuple[str, str]] | None = None  # (address, state) as last told
         self._config_text: str | None = None
         self._stop = threading.Event()
         self._conn: _Writer | None = None  # ExaBGP's command pipe, from the helper
@@ -163,7 +307,13 @@ class Speaker:
 
     # -- public ---------------------------------------------------------------------------
     def start(self) -> None:
-        """Listen for the helper first (ExaBGP starts it at once), then run ExaBGP."""
+        """Stop a speaker a dead agent left behind, listen for the helper (ExaBGP starts it
+        at once), then run ExaBGP.
+
+        The orphan goes first: it holds port 179, and its helper would attach to our
+        socket.
+        """
+        stop_orphan(self.options)
         listener = self._listen()
         self._thread("bgp-api", self._serve, listener)
         self._thread("bgp-supervisor", self._supervise)
@@ -183,6 +333,9 @@ class Speaker:
         self._threads = []
         with contextlib.suppress(FileNotFoundError):
             self.options.socket_path.unlink()
+        if self.pid is None:
+            with contextlib.suppress(FileNotFoundError):
+                self.options.pid_file.unlink()
         self._write_status()
 
     def update_plan(self, plan: BGPPlan) -> None:
@@ -268,6 +421,7 @@ class Speaker:
     def _spawn(self) -> subprocess.Popen[bytes]:
         argv = [*self.options.command_prefix, self.options.exabgp, "server"]
         argv.append(str(self.options.config_file))
+        argv = with_parent_death(argv, self.options.parent_death_signal, self.options.python)
         with self.options.log_file.open("ab") as logf:
             proc = subprocess.Popen(
                 argv,
@@ -280,8 +434,22 @@ class Speaker:
             )
         with self._lock:
             self._proc = proc
+        self._write_pidfile(proc.pid)
         self._write_status()
         return proc
+
+    def _write_pidfile(self, pid: int) -> None:
+        """Name the speaker we started, for the next agent if this one dies without it."""
+        record = speaker_record(pid, self.options.config_file)
+        if record is None:
+            return
+        path = self.options.pid_file
+        try:
+            tmp = path.with_suffix(".pid.tmp")
+            tmp.write_text(json.dumps(record))
+            tmp.replace(path)
+        except OSError as err:
+            log.warning("cannot write %s: %s", path, err)
 
     def _terminate(self) -> None:
         proc = self._proc
@@ -466,13 +634,29 @@ class Speaker:
                 except Exception:
                     log.exception("route callback failed")
 
+    def _notify_peers(self, doc: dict[str, Any]) -> None:
+        """Tell `on_peers` when any peer's state changed (status lock held: in order)."""
+        callback = self.options.on_peers
+        if callback is None:
+            return
+        peers = doc["peers"]
+        states = [(p["address"], p["state"]) for p in peers]
+        if states == self._last_peers:
+            return
+        self._last_peers = states
+        try:
+            callback(peers)
+        except Exception:
+            log.exception("peer state callback failed")
+
     def _write_status(self) -> None:
         """Rewrite the status file when its content (the timestamp aside) changed."""
-        path = self.options.status_file
-        if path is None:
-            return
         with self._status_lock:
             doc = self.status_document()
+            self._notify_peers(doc)
+            path = self.options.status_file
+            if path is None:
+                return
             content = {k: v for k, v in doc.items() if k != "updated"}
             if content == self._last_status:
                 return

@@ -290,6 +290,7 @@ class Agent:
                 SpeakerOptions(
                     workdir=self.config.run_dir / "bgp",
                     status_file=self.config.bgp_status_file,
+                    on_peers=self._bgp_peers_changed,  # /readyz follows BGP as it happens
                 ),
                 iproute_factory(None),
             )
@@ -624,11 +625,16 @@ class Agent:
         if resync:
             status = self.bgp.resync()
         peers = self.bgp.speaker.status_document()["peers"] if self.bgp.speaker else []
+        self._bgp_peers_changed(peers)
+        if status.routes.errors:
+            log.warning("BGP route apply reported errors", extra={"errors": status.routes.errors})
+
+    def _bgp_peers_changed(self, peers: list[dict[str, Any]]) -> None:
+        """BGP readiness and the sessions gauge: from each pass, and from the speaker the
+        moment a session changes state (so /readyz does not wait for a resync)."""
         up = sum(1 for p in peers if p.get("state") == "up")
         self.metrics.bgp_peers_up.set(up)
         self.readiness.set("bgp", up == len(peers), f"{up}/{len(peers)} BGP sessions established")
-        if status.routes.errors:
-            log.warning("BGP route apply reported errors", extra={"errors": status.routes.errors})
 
     def _bgp_configuration(self) -> BGPConfiguration | None:
         for raw in self._objects("bgpconfigs"):
