@@ -25,6 +25,7 @@ from datastore.client import Datastore
 from datastore.errors import DatastoreError
 from datastore.transport import HttpTransport
 from lab.cluster import ClusterSpec, LabCluster
+from lab.process import PidRegistry
 
 TENANT = "mallory"
 POLICY = {
@@ -165,3 +166,41 @@ def test_forged_pod_addresses_never_open_a_denied_pair(lab: LabCluster) -> None:
             assert lab.pods["x/probe"].ip in members, members
         leaked = {near, far, "8.8.8.8"} & {m.split(",")[0].split("/")[0] for m in members}
         assert not leaked, f"forged addresses in an ipset on {node}: {sorted(leaked)}"
+
+
+def _restart_agent(cluster: LabCluster, node: str) -> None:
+    """Stop the node's tabby-node (SIGTERM) and start it again; wait for its CNI socket."""
+    assert cluster.lab is not None
+    proc = next(p for p in cluster.lab.processes if p.name == f"tabby-node-{node}")
+    proc.stop()
+    (cluster.run_dir(node) / "cni.sock").unlink(missing_ok=True)
+    proc.start()
+    PidRegistry(cluster.lab.state_dir / "pids.json").record(proc)
+    deadline = time.monotonic() + 90
+    while not (cluster.run_dir(node) / "cni.sock").exists():
+        assert proc.alive() and time.monotonic() < deadline, proc.log_tail(30)
+        time.sleep(0.1)
+
+
+def test_after_a_restart_re_adopted_pods_keep_their_own_address_not_their_annotation(
+    lab: LabCluster,
+) -> None:
+    lab.create_pod("x", "insider", "node1", {"role": "trusted"})  # the tenant's own pod
+    lab.apply_policy(POLICY)
+    clients = ("x/near", "x/far", "x/friend", "x/insider")
+    expected = {"x/near": False, "x/far": False, "x/friend": True, "x/insider": True}
+
+    def reach() -> dict[str, bool]:
+        return {c: lab.can_reach(c, "x/db", timeout_s=1, attempts=1) for c in clients}
+
+    assert _settles(lambda: reach() == expected), reach()
+    far = lab.pods["x/far"].ip
+    tenant = _tenant(lab)
+    forged = {"metadata": {"annotations": {"tabby.dev/podIP": f"{far}/32"}}}
+    tenant.patch_raw(kinds.POD, "insider", forged, "x")
+
+    _restart_agent(lab, "node1")
+    # db and insider are re-adopted with the addresses Tabby gave them: policy holds
+    assert _settles(lambda: reach() == expected), reach()
+    members = _ipset_members(lab, "node1")
+    assert lab.pods["x/insider"].ip in members and far not in members, members
