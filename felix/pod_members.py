@@ -58,19 +58,24 @@ class IPAMOwners:
     def __init__(self, on_invalid: Callable[[], None] = lambda: None) -> None:
         self._cache: dict[str, tuple[str, Entries]] = {}
         self._on_invalid = on_invalid
+        self._book = AddressBook()
 
     def book(self, blocks: Iterable[dict[str, Any]]) -> AddressBook:
         """The address book of these blocks (the informer's current snapshot)."""
         seen: dict[str, tuple[str, Entries]] = {}
+        changed = False
         for raw in blocks:
             meta = raw.get("metadata") or {}
             name, version = str(meta.get("name", "")), str(meta.get("resourceVersion", ""))
             cached = self._cache.get(name)
             if cached is None or cached[0] != version or not version:
                 cached = (version, self.read(raw))
+                changed = True
             seen[name] = cached
+        if changed or seen.keys() != self._cache.keys():
+            self._book = AddressBook(entry for _, entries in seen.values() for entry in entries)
         self._cache = seen
-        return AddressBook(entry for _, entries in seen.values() for entry in entries)
+        return self._book
 
     def read(self, raw: dict[str, Any]) -> Entries:
         """One block's owners, uncached; an unreadable block is reported and gives none."""

@@ -54,3 +54,11 @@ def test_a_new_block_version_is_read_again_and_a_gone_block_forgotten() -> None:
     reused = _block("2", ("10.244.1.1", {"node": "node1", "namespace": "x", "pod": "b"}))
     assert owners.book([reused]).owner(ip) == Owner("x", "b", node="node1")
     assert owners.book([]).owner(ip) is None
+
+
+def test_unchanged_blocks_give_the_same_book_without_a_rebuild() -> None:
+    owners = IPAMOwners()
+    block = _block("1", ("10.244.1.1", {"node": "node1", "namespace": "x", "pod": "a"}))
+    first = owners.book([block])
+    assert owners.book([block]) is first
+    assert owners.book([_block("2")]) is not first
