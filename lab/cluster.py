@@ -31,6 +31,7 @@ from datastore.models import BGPConfiguration, BGPConfigurationSpec, IPPool, IPP
 from lab import netns
 from lab.controlplane import ControlPlane
 from lab.process import PidRegistry
+from lab.statefile import atomic_write, locked
 from lab.topology import Lab, Node
 
 log = logging.getLogger(__name__)
@@ -103,7 +104,7 @@ class LabCluster:
         progress(f"creating {self.spec.nodes} node namespaces on {self.spec.subnets} subnet(s)")
         assert self.cp.etcd is not None
         self.lab = Lab.create(self.spec.nodes, self.spec.subnets, owner_pid=self.cp.etcd.pid)
-        self._save()
+        self._save(fresh=True)  # a new lab: nothing of an older cluster.json carries over
         ds = self.datastore()
         self._create_cluster_objects(ds)
         install_plugin(self.cni_bin_dir, sys.executable)
@@ -234,7 +235,7 @@ class LabCluster:
         self._report_pod_ip(ds, namespace, name, ip)
         pod = PodInfo(namespace, name, node, pod_ns, container_id, ip, labels or {})
         self.pods[pod.key] = pod
-        self._save()
+        self._save(added=pod)
         return pod
 
     @staticmethod
@@ -272,7 +273,7 @@ class LabCluster:
         netns.delete(pod.netns)
         with contextlib.suppress(NotFound):
             self.datastore().delete_raw(kinds.POD, name, namespace)
-        self._save()
+        self._save(removed=pod.key)
 
     def cni(
         self, node: str, command: str, container_id: str, pod_ns: str, namespace: str, name: str
@@ -332,14 +333,33 @@ class LabCluster:
         return False
 
     # -- persistence and teardown -------------------------------------------------------
-    def _save(self) -> None:
-        state = {
-            "spec": asdict(self.spec),
-            "lab_id": self.lab.lab_id if self.lab else None,
-            "apiserver_port": self.apiserver_port,
-            "pods": {k: asdict(v) for k, v in self.pods.items()},
-        }
-        (self.workdir / "cluster.json").write_text(json.dumps(state, indent=1))
+    def _save(
+        self, added: PodInfo | None = None, removed: str | None = None, *, fresh: bool = False
+    ) -> None:
+        """Record this process's change to cluster.json: read-modify-write under a lock.
+
+        Each `tabbyctl lab pod create` is its own process that loaded the state before
+        its (seconds-long) ADD; writing its whole view back would drop the pods that
+        others added meanwhile. So the pods are re-read under an exclusive flock, only
+        this call's pod is added or removed, and the file is replaced atomically (a
+        reader never sees half a file).
+        """
+        path = self.workdir / "cluster.json"
+        with locked(self.workdir / "cluster.json.lock"):
+            if path.exists() and not fresh:
+                stored = json.loads(path.read_text()).get("pods", {})
+                self.pods = {k: PodInfo(**v) for k, v in stored.items()}
+            if added is not None:
+                self.pods[added.key] = added
+            if removed is not None:
+                self.pods.pop(removed, None)
+            state = {
+                "spec": asdict(self.spec),
+                "lab_id": self.lab.lab_id if self.lab else None,
+                "apiserver_port": self.apiserver_port,
+                "pods": {k: asdict(v) for k, v in self.pods.items()},
+            }
+            atomic_write(path, json.dumps(state, indent=1))
 
     @classmethod
     def load(cls, workdir: Path) -> LabCluster:

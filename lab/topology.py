@@ -25,6 +25,7 @@ from pathlib import Path
 
 from lab import netns
 from lab.process import ManagedProcess, PidRegistry
+from lab.statefile import atomic_write
 
 log = logging.getLogger(__name__)
 
@@ -233,7 +234,7 @@ class Lab:
                 for n in self.nodes
             ],
         }
-        (self.state_dir / "lab.json").write_text(json.dumps(data, indent=1))
+        atomic_write(self.state_dir / "lab.json", json.dumps(data, indent=1))
 
     @classmethod
     def load(cls, lab_id: str) -> Lab:

@@ -194,6 +194,7 @@ def down(workdir: Path) -> None:
     cluster = _load(workdir)
     cluster.down()
     (workdir / "cluster.json").unlink(missing_ok=True)
+    (workdir / "cluster.json.lock").unlink(missing_ok=True)  # lab/cluster.py _save's lock
     click.echo("lab removed")
 
 
