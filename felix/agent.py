@@ -315,7 +315,7 @@ class Agent:
         )
         # Before any pass or CNI call: undo what a killed agent left half done, then
         # re-adopt the pods that are fully wired so their policy is programmed again.
-        recover_after_restart(self.handlers)
+        recover_after_restart(self.handlers, owner_alive=self._pod_alive)
         if self.policy is not None:
             self._recover_endpoints()
         self.loop.start()
@@ -414,6 +414,10 @@ class Agent:
     # -- the dataplane pass -------------------------------------------------------------
     def _sync(self, reasons: set[str]) -> None:
         """Recompute desired state from the caches and apply it (components plug in here)."""
+        if "periodic-resync" in reasons:
+            # Outside the pass's lock: a repair takes its pod's CNI lock, and an ADD
+            # holding that lock waits for a pass in on_endpoint_added.
+            self._best_effort(self._repair_endpoints, "endpoints")
         with self._sync_lock, self.metrics.dataplane_apply.time():
             log.debug("dataplane pass", extra={"reasons": sorted(reasons)})
             resync = "periodic-resync" in reasons
@@ -581,6 +585,22 @@ class Agent:
             return None
         parsed = self._pods([raw], book, {(namespace, name): wired})
         return parsed[0] if parsed else None
+
+    def _repair_endpoints(self) -> None:
+        """Resync of pod wiring: routes, sysctls and veths that drifted are put back."""
+        if self.handlers is not None:
+            self.handlers.repair()
+
+    def _pod_alive(self, endpoint: Endpoint) -> bool | None:
+        """Recovery's owner check, from the synced Pod cache: False when the Pod is gone
+        (or re-created with another UID), None when the endpoint names no Pod."""
+        if not (endpoint.namespace and endpoint.pod):
+            return None
+        for raw in self._objects("pods"):
+            meta = raw.get("metadata") or {}
+            if meta.get("namespace") == endpoint.namespace and meta.get("name") == endpoint.pod:
+                return endpoint.pod_uid in (None, meta.get("uid"))
+        return False
 
     def _recover_endpoints(self) -> None:
         """After a restart: re-adopt this node's wired pods from their veths and IPAM,

@@ -32,10 +32,16 @@ parallel (one thread per connection).
 **Restart after a crash** (SIGKILL, OOM): an ADD cut off mid-way cannot roll
 itself back, and its caller saw a failure. With an :class:`AddJournal`, every
 ADD leaves a marker for as long as it runs (removed just before the answer is
-sent), and :func:`recover_after_restart`, run at start-up before the socket
-serves, undoes every ADD still marked, releases this node's handles whose
-address has no pod route on a ``cali`` veth, and deletes ``cali`` veths that
-route no allocated address. What a caller saw succeed is never touched.
+sent), and every answered ADD leaves a record of its endpoint until its DEL.
+:func:`recover_after_restart`, run at start-up before the socket serves, undoes
+every ADD still marked, re-adopts each recorded endpoint whose owner is alive
+(sandbox netns present, Pod not gone), frees the others, and deletes ``cali``
+veths nobody owns. A pod whose route was deleted keeps its veth and address:
+routes, sysctls and veth state are desired state that :meth:`CNIHandlers.repair`
+(the agent's periodic resync) puts back.
+
+One host veth per container: an ADD for a second ``CNI_IFNAME`` of a wired
+container is refused (code 4) rather than taking over the first's veth.
 """
 
 from __future__ import annotations
@@ -79,6 +85,7 @@ from cni.shim import (
 )
 from felix import wiring
 from felix.constants import HOST_IFACE_PREFIX, TABBY_POD_ROUTE_PROTO
+from felix.events import sanitize
 from felix.teardown import Teardowns
 
 log = logging.getLogger(__name__)
@@ -294,6 +301,7 @@ class AddJournal:
 
     SUFFIX = ".add"
     DEL_SUFFIX = ".del"
+    ENDPOINT_SUFFIX = ".ep"
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
@@ -344,6 +352,35 @@ class AddJournal:
                 path.unlink(missing_ok=True)
         return found
 
+    def record(self, endpoint: Endpoint) -> None:
+        """Remember a wired attachment until its DEL: what a restarted agent re-adopts
+        (CHECK, resync repair) and the owner recovery asks about."""
+        path = self._path(
+            endpoint.network, endpoint.container_id, endpoint.ifname, self.ENDPOINT_SUFFIX
+        )
+        tmp = path.with_suffix(".eptmp")
+        tmp.write_text(json.dumps({**endpoint.__dict__, "address": str(endpoint.address)}))
+        tmp.replace(path)
+
+    def drop(self, network: str, container_id: str, ifname: str) -> None:
+        """The attachment is gone (DEL, rollback, GC): forget its record."""
+        self._path(network, container_id, ifname, self.ENDPOINT_SUFFIX).unlink(missing_ok=True)
+
+    def endpoints(self) -> list[Endpoint]:
+        """Every recorded attachment; an unreadable record is dropped (logged)."""
+        for tmp in self.directory.glob("*.eptmp"):
+            tmp.unlink(missing_ok=True)
+        found = []
+        for path in sorted(self.directory.glob(f"*{self.ENDPOINT_SUFFIX}")):
+            try:
+                raw = json.loads(path.read_text())
+                raw["address"] = ipaddress.IPv4Address(raw["address"])
+                found.append(Endpoint(**raw))
+            except (OSError, ValueError, TypeError, KeyError):
+                log.warning("dropping unreadable endpoint record %s", path)
+                path.unlink(missing_ok=True)
+        return found
+
     def forget(self, entry: PendingAdd) -> None:
         """Drop a marker once its ADD has been undone (or its DEL finished)."""
         suffix = self.DEL_SUFFIX if isinstance(entry, PendingDel) else self.SUFFIX
@@ -359,6 +396,11 @@ def _pending_add(request: CNIRequest) -> PendingAdd:
         request.args.get("K8S_POD_NAMESPACE", ""),
         request.args.get("K8S_POD_NAME", ""),
     )
+
+
+def _short(text: str, limit: int = 16) -> str:
+    """A user-supplied string fit for a message, log line or Event (see felix.events)."""
+    return sanitize(text, limit)
 
 
 def parse_request(message: object) -> CNIRequest:
@@ -506,7 +548,9 @@ class CNIHandlers:
             raise
         except Exception as exc:
             raise CNIError(
-                ERR_TRY_AGAIN_LATER, f"could not assign an address to {request.handle_id}", str(exc)
+                ERR_TRY_AGAIN_LATER,
+                f"could not assign an address to {request.network}.{_short(request.container_id)}",
+                _short(str(exc), 512),
             ) from None
 
     def _wire(self, ep: Endpoint) -> wiring.Wired:
@@ -535,8 +579,29 @@ class CNIHandlers:
         finally:
             self.journal.end(request)
 
+    def _refuse_second_interface(self, request: CNIRequest) -> None:
+        """One host veth per pod: a second CNI_IFNAME would take over the first's veth.
+
+        The host veth name comes from the Pod (or the container id), not from the
+        interface, so wiring ``eth1`` for a container already wired on ``eth0``
+        would delete eth0's veth and hand back eth0's address (one handle per
+        container). Refused with a permanent error; a repeated ADD of the same
+        (container, interface) is unaffected.
+        """
+        for ep in self.endpoints.all():
+            if ep.container_id == request.container_id and ep.ifname != request.ifname:
+                raise CNIError(
+                    ERR_INVALID_ENV,
+                    f"container {_short(request.container_id)} is already attached on "
+                    f"{ep.ifname} (network {ep.network}); Tabby wires one interface per "
+                    f"container, so CNI_IFNAME={request.ifname} is refused",
+                    f"DEL the {ep.ifname} attachment first, or use another plugin for "
+                    "additional interfaces",
+                )
+
     def _add(self, request: CNIRequest) -> dict[str, Any]:
         started = time.monotonic()
+        self._refuse_second_interface(request)
         address = self._assign(request)
         ep = self._endpoint(request, address)
         try:
@@ -548,6 +613,8 @@ class CNIHandlers:
                     {ANNOTATION_POD_IP: f"{address}/32", ANNOTATION_CONTAINER_ID: ep.container_id},
                 )
             self.endpoints.add(ep)
+            if self.journal is not None:
+                self.journal.record(ep)
             self.on_endpoint_added(ep)
         except CNIError:
             self._rollback(ep)
@@ -583,6 +650,8 @@ class CNIHandlers:
         ``ifname`` may be someone else's interface, which is why wiring failed.
         """
         self.endpoints.remove(ep.container_id, ep.ifname)
+        if self.journal is not None:
+            self.journal.drop(ep.network, ep.container_id, ep.ifname)
         owner = self.endpoints.owner_of(ep.host_ifname)
         try:
             if owner is None:
@@ -606,6 +675,8 @@ class CNIHandlers:
         """
         started = time.monotonic()
         ep = self.endpoints.get(request.container_id, request.ifname)
+        if self.journal is not None:
+            self.journal.drop(request.network, request.container_id, request.ifname)
         if ep is not None and self.endpoints.owns_host(ep):
             self.endpoints.remove(request.container_id, request.ifname)
             marker = self.journal.begin_delete(request, ep.host_ifname) if self.journal else None
@@ -641,7 +712,9 @@ class CNIHandlers:
             self.allocator.release(request.handle_id)
         except Exception as exc:
             raise CNIError(
-                ERR_TRY_AGAIN_LATER, f"could not release {request.handle_id}", str(exc)
+                ERR_TRY_AGAIN_LATER,
+                f"could not release {request.network}.{_short(request.container_id)}",
+                _short(str(exc), 512),
             ) from None
 
     def _tear_down(self, request: CNIRequest, ep: Endpoint, marker: PendingDel | None) -> None:
@@ -670,7 +743,10 @@ class CNIHandlers:
             self.annotate(key, {ANNOTATION_POD_IP: ""})
         except Exception:
             log.warning(
-                "DEL %s: could not clear podIP of %s/%s", request.container_id, namespace, pod
+                "DEL %s: could not clear podIP of %s/%s",
+                _short(request.container_id),
+                namespace,
+                pod,
             )
 
     # -- CHECK -----------------------------------------------------------------------
@@ -691,7 +767,7 @@ class CNIHandlers:
             return ipaddress.IPv4Interface(prev_addr).ip
         raise CNIError(
             ERR_UNKNOWN_CONTAINER,
-            f"no attachment {request.container_id}/{request.ifname} on this node",
+            f"no attachment {_short(request.container_id)}/{request.ifname} on this node",
         )
 
     def check(self, request: CNIRequest) -> None:
@@ -706,6 +782,50 @@ class CNIHandlers:
                 f"{request.ifname} of {request.container_id[:12]} is not wired as expected",
                 "; ".join(problems),
             )
+
+    # -- resync ----------------------------------------------------------------------
+
+    def repair(self) -> list[str]:
+        """Put back what drifted from the wiring of each endpoint; returns the veths repaired.
+
+        The desired state is the endpoint table (what ADD wired and DEL has not
+        removed): a deleted pod /32 route, a reset ``proxy_arp`` or a downed veth
+        is re-applied by the convergent :func:`felix.wiring.wire`. Each repair
+        holds its container's lock, and skips an endpoint that a DEL or a newer
+        sandbox took over meanwhile. Must not be called while holding a lock an
+        ADD waits for (the agent calls it outside its dataplane pass).
+        """
+        endpoints = [ep for ep in self.endpoints.all() if self.endpoints.owns_host(ep)]
+        specs = {
+            ep.host_ifname: wiring.PodWiring(
+                ep.host_ifname, ep.ifname, ep.netns, ep.address, ep.mtu
+            )
+            for ep in endpoints
+        }
+        drift = wiring.drifted(list(specs.values()), self.node_netns)
+        repaired = []
+        for ep in endpoints:
+            if ep.host_ifname not in drift:
+                continue
+            with self._locks.hold(ep.container_id):
+                if self.endpoints.get(ep.container_id, ep.ifname) is not ep:
+                    continue
+                if not self.endpoints.owns_host(ep):
+                    continue
+                try:
+                    wiring.wire(specs[ep.host_ifname], self.node_netns)
+                except Exception as exc:
+                    log.warning("resync: could not repair %s: %s", ep.host_ifname, exc)
+                    continue
+            log.warning(
+                "resync repaired %s (%s/%s): %s",
+                ep.host_ifname,
+                ep.namespace,
+                ep.pod,
+                "; ".join(drift[ep.host_ifname]),
+            )
+            repaired.append(ep.host_ifname)
+        return repaired
 
     # -- STATUS / GC -----------------------------------------------------------------
 
@@ -736,6 +856,8 @@ class CNIHandlers:
                     host = ep.host_ifname if self.endpoints.owns_host(ep) else None
                     wiring.unwire(ep.ifname, ep.netns, host, self.node_netns)
                     self.endpoints.remove(ep.container_id, ep.ifname)
+                    if self.journal is not None:
+                        self.journal.drop(ep.network, ep.container_id, ep.ifname)
                     self.on_endpoint_removed(ep)
             self.allocator.release(f"{network}.{container_id}")
 
@@ -753,7 +875,7 @@ class CNIHandlers:
                 self._collect(network, container_id)
                 log.info("GC released %s.%s", network, container_id)
             except Exception as exc:
-                errors.append(f"{container_id}: {exc}")
+                errors.append(f"{_short(container_id)}: {_short(str(exc), 256)}")
         return errors
 
     def gc(self, request: CNIRequest) -> None:
@@ -777,6 +899,8 @@ class RecoveryReport:
     released: list[str] = field(default_factory=list)  # handles with no routed veth
     kept: list[str] = field(default_factory=list)  # handles of wired pods
     removed_links: list[str] = field(default_factory=list)  # orphan cali veths
+    adopted: list[str] = field(default_factory=list)  # recorded endpoints re-adopted
+    repaired: list[str] = field(default_factory=list)  # host veths whose wiring drifted
     errors: list[str] = field(default_factory=list)
 
 
@@ -851,27 +975,96 @@ def _delete_link(node_netns: str | None, ifname: str) -> None:
                 raise
 
 
-def recover_after_restart(handlers: CNIHandlers, node_netns: str | None = None) -> RecoveryReport:
+# Whether an endpoint's Pod still exists: False when the apiserver has no Pod of that
+# namespace/name (or one with another UID), None when it cannot be told.
+OwnerAlive = Callable[[Endpoint], "bool | None"]
+
+
+def _netns_present(netns: str) -> bool:
+    return bool(netns) and os.path.exists(wiring._netns_path(netns))
+
+
+def _adopt_recorded(
+    handlers: CNIHandlers,
+    netns: str | None,
+    owner_alive: OwnerAlive | None,
+    report: RecoveryReport,
+) -> tuple[set[str], set[str]]:
+    """Re-adopt every recorded attachment whose owner is alive; undo the others.
+
+    Kept: the sandbox netns is still there and its Pod is not known to be gone.
+    Whether the pod's route or veth is still in the kernel does not matter (a
+    deleted route is drift, repaired right after). Returns (handles, host veths)
+    kept.
+    """
+    assert handlers.journal is not None
+    undone = set(report.rolled_back)
+    kept: list[Endpoint] = []
+    dropped: list[Endpoint] = []
+    for ep in handlers.journal.endpoints():
+        if ep.handle_id in undone:
+            handlers.journal.drop(ep.network, ep.container_id, ep.ifname)
+        elif _netns_present(ep.netns) and (owner_alive is None or owner_alive(ep) is not False):
+            kept.append(ep)
+        else:
+            dropped.append(ep)
+    kept_links = {ep.host_ifname for ep in kept}
+    for ep in kept:
+        handlers.endpoints.add(ep)
+        report.adopted.append(ep.handle_id)
+    for ep in dropped:
+        host = None if ep.host_ifname in kept_links else ep.host_ifname
+        try:
+            pod_netns = ep.netns if _netns_present(ep.netns) else None
+            wiring.unwire(ep.ifname, pod_netns, host, netns)
+            handlers.allocator.release(ep.handle_id)
+            if ep.namespace and ep.pod:
+                key = PodKey(ep.namespace, ep.pod, ep.pod_uid, ep.container_id)
+                handlers.annotate(key, {ANNOTATION_POD_IP: ""})
+            handlers.journal.drop(ep.network, ep.container_id, ep.ifname)
+            report.released.append(ep.handle_id)
+        except Exception as exc:
+            report.errors.append(f"endpoint {ep.handle_id[:64]}: {exc}")
+    return {ep.handle_id for ep in kept}, kept_links
+
+
+def recover_after_restart(
+    handlers: CNIHandlers,
+    node_netns: str | None = None,
+    owner_alive: OwnerAlive | None = None,
+) -> RecoveryReport:
     """Make the node consistent again after the agent died; run before serving CNI.
 
     1. ADDs marked in the journal are undone (wiring and address).
-    2. Every handle of **this node** (``allocator.handles()``) whose address is
-       not routed through a ``cali`` veth is released: an ADD that died before
-       it finished wiring, or a DEL the shim let succeed while the agent was
-       down (the runtime then destroyed the netns and with it the veth).
-    3. Every ``cali`` veth that routes no address still held by a handle is
-       deleted: a half-wired pod (no route yet) or one whose address is gone.
+    2. Every recorded attachment (:meth:`AddJournal.record`) is decided by its
+       owner: kept and put back in the endpoint table (so CHECK, DEL and resync
+       know it) while its sandbox netns exists and its Pod is not gone
+       (*owner_alive*); otherwise its veth and address are freed as a DEL would.
+    3. Handles of **this node** with no record (wired by an agent before records
+       existed) are kept when their address is routed through a ``cali`` veth,
+       else released.
+    4. Every ``cali`` veth no kept attachment owns is deleted.
+    5. Kept attachments whose route, sysctls or veth drifted are repaired.
 
-    Pods whose ADD was answered with success are wired and hold their address,
-    so none of the three steps touches them. Errors are collected, not raised:
-    a node that cannot be fully cleaned must still serve its healthy pods.
+    A pod's route being gone never costs it its address or veth. Errors are
+    collected, not raised: a node that cannot be fully cleaned must still serve
+    its healthy pods.
     """
     netns = node_netns if node_netns is not None else handlers.node_netns
     report = RecoveryReport()
     _undo_pending(handlers, netns, report)
-    routed, links = _pod_routes(netns)
+    kept_handles: set[str] = set()
     owners: set[str] = set()
+    if handlers.journal is not None:
+        kept_handles, owners = _adopt_recorded(handlers, netns, owner_alive, report)
+    routed, links = _pod_routes(netns)
+    released = set(report.released)
     for handle_id in sorted(handlers.allocator.handles()):
+        if handle_id in kept_handles:
+            report.kept.append(handle_id)
+            continue
+        if handle_id in released:
+            continue
         try:
             address = _address_of(handlers.allocator, handle_id)
             if address is not None and address in routed:
@@ -888,13 +1081,19 @@ def recover_after_restart(handlers: CNIHandlers, node_netns: str | None = None) 
             report.removed_links.append(ifname)
         except Exception as exc:
             report.errors.append(f"veth {ifname}: {exc}")
+    try:
+        report.repaired = handlers.repair()
+    except Exception as exc:
+        report.errors.append(f"repair: {exc}")
     log.info(
-        "recovery after restart: %d ADDs rolled back, %d handles released, %d kept, "
-        "%d orphan veths removed, %d errors",
+        "recovery after restart: %d ADDs rolled back, %d endpoints re-adopted, "
+        "%d handles released, %d kept, %d orphan veths removed, %d repaired, %d errors",
         len(report.rolled_back),
+        len(report.adopted),
         len(report.released),
         len(report.kept),
         len(report.removed_links),
+        len(report.repaired),
         len(report.errors),
         extra={"recovery": report.__dict__},
     )

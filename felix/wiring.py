@@ -542,3 +542,52 @@ def check(spec: PodWiring, node_netns: str | None = None) -> list[str]:
     except NetnsMissing:
         problems.append(f"network namespace {spec.pod_netns} does not exist")
     return problems
+
+
+# --- resync: which pods drifted ------------------------------------------------------
+
+
+def drifted(specs: list[PodWiring], node_netns: str | None = None) -> dict[str, list[str]]:
+    """host veth -> what differs on the node side, for every spec that drifted.
+
+    One link dump and one route dump for the whole node, so a resync costs the
+    same few round trips however many pods there are. Only Tabby's own routes
+    (protocol :data:`TABBY_POD_ROUTE_PROTO`) count as the pod's route; nothing
+    here changes the kernel (:func:`wire` repairs, and is convergent).
+    """
+    if not specs:
+        return {}
+    with _ipr(node_netns) as node:
+        links = {
+            link.get_attr("IFLA_IFNAME"): link
+            for link in node.get_links()
+            if (link.get_attr("IFLA_IFNAME") or "").startswith(HOST_IFACE_PREFIX)
+        }
+        routes = {
+            str(route.get_attr("RTA_DST")): route
+            for route in node.get_routes(family=socket.AF_INET, table=MAIN_TABLE)
+            if route["proto"] == TABBY_POD_ROUTE_PROTO and route["dst_len"] == 32
+        }
+    found: dict[str, list[str]] = {}
+    for spec in specs:
+        problems = _host_drift(spec, links.get(spec.host_ifname), routes.get(str(spec.address)))
+        if problems:
+            found[spec.host_ifname] = problems
+    return found
+
+
+def _host_drift(spec: PodWiring, link: Any | None, route: Any | None) -> list[str]:
+    if link is None or _kind(link) != "veth":
+        return [f"host veth {spec.host_ifname} is missing"]
+    problems = []
+    if not _is_up(link):
+        problems.append(f"{spec.host_ifname} is down")
+    if link.get_attr("IFLA_MTU") != spec.mtu:
+        problems.append(f"{spec.host_ifname} MTU is {link.get_attr('IFLA_MTU')}, want {spec.mtu}")
+    conf = _devconf(link)
+    for key, want in _HOST_DEVCONF.items():
+        if conf.get(key) != want:
+            problems.append(f"{spec.host_ifname} {key}={conf.get(key)}, want {want}")
+    if route is None or route.get_attr("RTA_OIF") != link["index"]:
+        problems.append(f"host route {spec.address}/32 dev {spec.host_ifname} is missing")
+    return problems
