@@ -281,17 +281,28 @@ def _with_as(ctx: _Context, peer: DesiredPeer, other: NodeFacts, as_number: int)
 
 
 def parse_peer_ip(raw: str, default_port: int = DEFAULT_PORT) -> tuple[ipaddress.IPv4Address, int]:
-    """`10.0.0.1` or `10.0.0.1:1179` (BGPPeer peerIP); IPv6 is not supported yet."""
-    text = raw.strip()
-    host, sep, port = text.rpartition(":") if text.count(":") == 1 else (text, "", "")
+    """`10.0.0.1` or `10.0.0.1:1179`: exactly the forms the BGPPeer CRD admits.
+
+    Anything else raises ValueError with a message naming the form expected (the
+    plan reports it as that BGPPeer's problem and skips it). IPv6, bare or as
+    `[fd00::1]:179` (Calico's form), is refused as unsupported, as the CRD does.
+    """
+    if raw.startswith("[") or raw.count(":") > 1:
+        raise ValueError(
+            f"peerIP {raw!r}: IPv6 peers are not supported; give an IPv4 address, "
+            "optionally with a port (10.0.0.1 or 10.0.0.1:1179)"
+        )
+    host, sep, port = raw.partition(":")
     try:
         address = ipaddress.IPv4Address(host)
     except ValueError:
-        raise ValueError(f"peerIP {raw!r} is not an IPv4 address (IPv6 is not supported)") from None
+        raise ValueError(
+            f"peerIP {raw!r}: {host!r} is not an IPv4 address (expected 10.0.0.1 or 10.0.0.1:1179)"
+        ) from None
     if not sep:
         return address, default_port
-    if not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"peerIP {raw!r} has an invalid port")
+    if not (port.isascii() and port.isdigit() and len(port) <= 5 and 0 < int(port) < 65536):
+        raise ValueError(f"peerIP {raw!r}: the port {port!r} is not a number from 1 to 65535")
     return address, int(port)
 
 

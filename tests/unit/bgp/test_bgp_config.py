@@ -201,17 +201,43 @@ def test_global_peer_naming_this_node_or_another_node() -> None:
 
 @pytest.mark.parametrize(
     ("raw", "expected"),
-    [("10.1.1.1", ("10.1.1.1", 179)), (" 10.1.1.1:1790 ", ("10.1.1.1", 1790))],
+    [("10.1.1.1", ("10.1.1.1", 179)), ("10.1.1.1:1790", ("10.1.1.1", 1790))],
 )
 def test_parse_peer_ip(raw: str, expected: tuple[str, int]) -> None:
     address, port = parse_peer_ip(raw)
     assert (str(address), port) == expected
 
 
-@pytest.mark.parametrize("raw", ["10.1.1", "10.1.1.1:0", "10.1.1.1:x", "[fd00::1]:179"])
-def test_parse_peer_ip_rejects(raw: str) -> None:
-    with pytest.raises(ValueError):
+# the same forms the BGPPeer CRD refuses (tests/integration/bgp/test_bgppeer_peer_ip.py)
+@pytest.mark.parametrize(
+    ("raw", "says"),
+    [
+        ("10.1.1", "is not an IPv4 address"),
+        (" 10.1.1.1:1790 ", "is not an IPv4 address"),
+        ("host.example:179", "is not an IPv4 address"),
+        ("10.1.1.1:0", "not a number from 1 to 65535"),
+        ("10.1.1.1:65536", "not a number from 1 to 65535"),
+        ("10.1.1.1:x", "not a number from 1 to 65535"),
+        ("10.1.1.1:", "not a number from 1 to 65535"),
+        ("10.1.1.1:\u00b2", "not a number from 1 to 65535"),
+        ("fd00::1", "IPv6 peers are not supported"),
+        ("[fd00::1]:179", "IPv6 peers are not supported"),
+    ],
+)
+def test_parse_peer_ip_rejects_with_a_clear_message(raw: str, says: str) -> None:
+    with pytest.raises(ValueError, match=says):
         parse_peer_ip(raw)
+
+
+def test_a_bad_peer_ip_is_that_peers_problem_only() -> None:
+    peers = [
+        peer("typo", peer_ip="10.0.0.300:179", as_number=65000),
+        peer("good", peer_ip="192.168.1.4:1179", as_number=65000),
+    ]
+    plan = plan_for("n1", NODES, peers)
+    assert ("192.168.1.4", 1179) in [(str(p.address), p.port) for p in plan.peers]
+    [problem] = plan.problems
+    assert problem.startswith("bgppeer/typo: peerIP '10.0.0.300:179'"), problem
 
 
 EXPECTED = """\
