@@ -130,6 +130,7 @@ def _tabbyctl(cluster: LabCluster, *args: str) -> subprocess.CompletedProcess[st
         capture_output=True,
         text=True,
         timeout=60,
+        check=False,
     )
 
 
