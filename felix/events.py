@@ -31,7 +31,7 @@ _NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 def sanitize(text: str, limit: int = MAX_MESSAGE) -> str:
     """Printable, bounded text: long tokens cut to their start, then the whole to *limit*."""
     clean = "".join(ch if ch.isprintable() else "?" for ch in str(text))
-    clean = _LONG_TOKEN.sub(lambda m: f"{m.group()[:12]}...({len(m.group())} chars)", clean)
+    clean = _LONG_TOKEN.sub(lambda m: f"{m.group()[:32]}...({len(m.group())} chars)", clean)
     if len(clean) > limit:
         clean = f"{clean[:limit]}...({len(clean)} chars)"
     return clean
