@@ -52,6 +52,7 @@ from datastore.models import (
 )
 from ipam.block import AllocationBlock, free_count, host_affinity, is_empty
 from ipam.errors import (
+    BlockCorrupt,
     ConcurrencyExhausted,
     HandleNotFound,
     InvalidPool,
@@ -466,6 +467,9 @@ class IPAMAllocator:
                 got += self._assign_from(name, handle_id, attrs, num - len(got))
             except _BlockGone:
                 continue
+            except BlockCorrupt as exc:  # reported by the agent; other blocks still serve
+                log.warning("ipam: skipping corrupt block %s: %s", name, exc)
+                continue
         return got
 
     def _assign_from(
@@ -708,7 +712,7 @@ class IPAMAllocator:
                     continue
                 try:
                     got += self._assign_from(model.name, handle_id, attrs, num - len(got))
-                except _BlockGone:
+                except (_BlockGone, BlockCorrupt):
                     continue
         return got
 

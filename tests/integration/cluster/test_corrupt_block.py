@@ -11,6 +11,7 @@ and `tabbyctl ipam check` must name the block, exit 1 and still check the rest.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import re
@@ -24,6 +25,7 @@ from typing import Any
 import pytest
 
 from datastore import kinds
+from ipam.block import decode_allocations, decode_ordinals, encode_ordinals
 from lab.cluster import ClusterSpec, LabCluster
 from lab.process import ManagedProcess
 
@@ -184,3 +186,35 @@ def test_one_corrupt_block_is_reported_once_and_every_node_keeps_working(
     shown = _tabbyctl(mesh2, "ipam", "show", "--show-blocks")
     assert shown.returncode == 0, shown.stdout + shown.stderr
     assert BAD_NAME in shown.stderr and "10.244." in shown.stdout, shown.stdout + shown.stderr
+
+
+def test_a_node_whose_own_block_is_corrupt_allocates_elsewhere_not_a_duplicate(
+    mesh2: LabCluster,
+) -> None:
+    """A free list naming an address a pod holds (no schema can see it): the node's next
+    pod must not get that address again; the block is skipped and another one serves."""
+    first = mesh2.create_pod("default", "pod-first", "node1")
+    ds = mesh2.datastore()
+    raw = next(
+        b
+        for b in ds.list_raw(kinds.IPAMBLOCK)[0]
+        if b["spec"].get("affinity") == "host:node1"
+        and ipaddress.ip_address(first.ip) in ipaddress.ip_network(b["spec"]["cidr"])
+    )
+    size = ipaddress.ip_network(raw["spec"]["cidr"]).num_addresses
+    held = [
+        o
+        for o, i in enumerate(decode_allocations(raw["spec"]["allocations"], size))
+        if i is not None
+    ]
+    free = list(decode_ordinals(raw["spec"]["unallocated"], size))
+    raw["spec"]["unallocated"] = encode_ordinals([held[0], *free[:-1]])  # count unchanged
+    ds.replace_raw(kinds.IPAMBLOCK, raw)
+
+    second = mesh2.create_pod("default", "pod-second", "node1")
+    assert second.ip != first.ip, "the corrupt block handed out an address a pod holds"
+    assert ipaddress.ip_address(second.ip) not in ipaddress.ip_network(raw["spec"]["cidr"])
+    other = mesh2.create_pod("default", "pod-other", "node2")
+    assert mesh2.can_reach(second.key, other.key) and mesh2.can_reach(first.key, other.key)
+    checked = _tabbyctl(mesh2, "ipam", "check")
+    assert checked.returncode == 1 and raw["spec"]["cidr"] in checked.stdout, checked.stdout
