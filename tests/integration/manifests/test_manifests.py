@@ -243,7 +243,6 @@ ALLOWED: dict[str, list[Case]] = {
         *[(v, "namespaces", False) for v in ("get", "list", "watch")],
         *[(v, "networkpolicies.networking.k8s.io", True) for v in ("get", "list", "watch")],
         ("create", "events", True),
-        ("patch", "events", True),
         *[
             (v, f"{r}.crd.tabby.dev", False)
             for r in ("ippools", "ipamconfigs", "bgpconfigurations", "bgppeers")
@@ -257,8 +256,6 @@ ALLOWED: dict[str, list[Case]] = {
     ],
     CONTROLLERS: [
         *[(v, r, r == "pods") for r in ("nodes", "pods") for v in ("get", "list", "watch")],
-        ("create", "events", True),
-        ("patch", "events", True),
         *[
             (v, f"{r}.crd.tabby.dev", False)
             for r in ("ipamblocks", "blockaffinities", "ipamhandles")
@@ -277,6 +274,8 @@ DENIED: dict[str, list[Case]] = {
         ("delete", "pods", True),
         ("create", "pods", True),
         ("patch", "pods/status", True),
+        ("patch", "nodes/status", False),
+        ("patch", "events", True),  # issue 21: the agent only creates Events
         ("create", "pods/eviction", True),
         ("delete", "nodes", False),
         ("update", "nodes", False),
@@ -298,6 +297,8 @@ DENIED: dict[str, list[Case]] = {
         ("*", "*", True),
     ],
     CONTROLLERS: [
+        ("create", "events", True),  # issue 21: the GC posts no Events
+        ("patch", "events", True),
         ("patch", "pods", True),
         ("delete", "pods", True),
         ("patch", "nodes", False),

@@ -29,6 +29,7 @@ from datastore.models import IPPool
 from felix import agent
 from ipam.pools import validate_pool
 from tabbyctl.main import cli
+from tests.rbac_table import documented_grants
 
 REPO = Path(__file__).resolve().parents[3]
 MANIFESTS = REPO / "manifests"
@@ -259,35 +260,19 @@ def test_mtu_leaves_room_for_vxlan(config: dict[str, str]) -> None:
 
 # -- least privilege ---------------------------------------------------------------------------
 
-# (apiGroup, resource) -> verbs; the complete grant of each role.
-READ = {"get", "list", "watch"}
-EXPECTED_RULES: dict[str, dict[tuple[str, str], set[str]]] = {
-    "tabby-node": {
-        ("", "nodes"): READ | {"patch"},
-        ("", "pods"): READ | {"patch"},
-        ("", "namespaces"): READ,
-        ("networking.k8s.io", "networkpolicies"): READ,
-        ("", "events"): {"create", "patch"},
-        **{
-            ("crd.tabby.dev", r): READ
-            for r in ("ippools", "ipamconfigs", "bgpconfigurations", "bgppeers")
-        },
-        **{
-            ("crd.tabby.dev", r): READ | {"create", "update", "delete"}
-            for r in ("ipamblocks", "blockaffinities", "ipamhandles")
-        },
-    },
-    "tabby-controllers": {
-        ("", "nodes"): READ,
-        ("", "pods"): READ,
-        ("", "events"): {"create", "patch"},
-        **{
-            ("crd.tabby.dev", r): READ | {"update", "delete"}
-            for r in ("ipamblocks", "blockaffinities", "ipamhandles")
-        },
-        **{("crd.tabby.dev", r): {"get", "list"} for r in ("ippools", "ipamconfigs")},
-    },
-}
+
+# (apiGroup, resource) -> verbs; the complete grant of each role, as documented in
+# docs/deploy.md's RBAC table (tests/rbac_table.py), so the doc and the roles agree.
+def _expected_rules() -> dict[str, dict[tuple[str, str], set[str]]]:
+    rules: dict[str, dict[tuple[str, str], set[str]]] = {}
+    for account, grants in documented_grants().items():
+        for verb, qualified in grants:
+            resource, _, group = qualified.partition(".")
+            rules.setdefault(account, {}).setdefault((group, resource), set()).add(verb)
+    return rules
+
+
+EXPECTED_RULES = _expected_rules()
 
 
 @pytest.mark.parametrize("role", sorted(EXPECTED_RULES))
