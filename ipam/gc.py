@@ -28,7 +28,7 @@ from datastore.client import Datastore
 from datastore.errors import Conflict, NotFound
 from datastore.models import BlockAffinity, IPAMBlock
 from ipam.allocator import IPAMAllocator
-from ipam.block import AllocationBlock
+from ipam.block import AllocationBlock, decode_blocks, is_empty
 from ipam.pools import affinity_name, cidr_name, pool_containing
 from ipam.report import Leak, Snapshot, find_leaks
 
@@ -213,8 +213,14 @@ class IPAMGarbageCollector:
 
     def _clean_node(self, node: str) -> None:
         """A deleted node: drop its affinities; its blocks become unaffine or go."""
-        for model in self.ds.list(IPAMBlock):
-            block = AllocationBlock.from_spec(model.spec)
+        decoded = decode_blocks(self.ds.list(IPAMBlock))
+        for model, reason in decoded.corrupt:  # never deleted: a person must look at it
+            if model.spec.affinity == f"host:{node}":
+                log.warning(
+                    "ipam gc: corrupt block %s kept, only unaffined: %s", model.name, reason
+                )
+                self._unaffine(model.name, node)
+        for model, block in decoded.good:
             if block.host != node:
                 continue
             if block.is_empty:
@@ -239,7 +245,7 @@ class IPAMGarbageCollector:
     def _release_affine_block(self, cidr: str) -> bool:
         """pendingDeletion -> delete the block if still empty -> delete the affinity."""
         model = self.ds.try_get(IPAMBlock, cidr_name(cidr))
-        if model is None or not AllocationBlock.from_spec(model.spec).is_empty:
+        if model is None or not is_empty(model.spec):  # a corrupt block is never empty
             return False
         node = AllocationBlock.from_spec(model.spec).host or ""
         affinity_key = affinity_name(node, cidr)
@@ -268,7 +274,7 @@ class IPAMGarbageCollector:
 
     def _delete_block_if_empty(self, cidr: str) -> bool:
         model = self.ds.try_get(IPAMBlock, cidr_name(cidr))
-        if model is None or not AllocationBlock.from_spec(model.spec).is_empty:
+        if model is None or not is_empty(model.spec):  # a corrupt block is never empty
             return False
         return self._delete_quietly(model)
 

@@ -18,16 +18,20 @@ from typing import Any
 
 import pytest
 import yaml
+from conftest import add_node, add_pool
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bgp.controller import BGPController, BGPInputs
 from bgp.routes import borrowed_addresses
 from bgp.speaker import SpeakerOptions
+from datastore.client import Datastore
 from datastore.models import IPAMBlock, IPAMBlockSpec, IPPool, IPPoolSpec, Meta
 from felix.loop import ReconcileLoop, backoff_s
+from ipam.allocator import IPAMAllocator
 from ipam.block import AllocationBlock, encode_allocations, encode_ordinals, free_count
 from ipam.errors import BlockCorrupt
+from ipam.gc import IPAMGarbageCollector
 from ipam.report import Snapshot, check, pool_usage
 from tests.unit.bgp.test_bgp_controller import NODES, FakeSpeaker
 from tests.unit.bgp.test_bgp_kernel import FakeNetlink
@@ -174,3 +178,21 @@ def test_crd_regexes_refuse_numbers_outside_the_block(prefix: int) -> None:
     assert not allocations.fullmatch(f"-*{size + 1}")  # a run past the block
     assert unallocated.fullmatch(encode_ordinals(range(size)))
     assert not unallocated.fullmatch(f"{size}") and not unallocated.fullmatch(f"0-{size}")
+
+
+def test_gc_keeps_a_corrupt_block_and_cleans_the_rest(ds: Datastore) -> None:
+    """A deleted node's corrupt block is only unaffined (a person must look at it); its
+    leaks elsewhere are still released, and the pass does not fail."""
+    add_pool(ds, "p", "10.0.0.0/24")
+    add_node(ds, "n2")
+    gone = IPAMAllocator(ds, "n1")
+    gone.auto_assign("dead-pod", {"namespace": "ns", "pod": "dead"})
+    (bad,) = ds.list(IPAMBlock)
+    bad.spec.unallocated = "9-3"
+    ds.update(bad)
+    IPAMAllocator(ds, "n2").auto_assign("n2-dead", {"namespace": "ns", "pod": "dead2"})
+    result = IPAMGarbageCollector(ds, grace=0).run_once()
+    assert result.cleaned_nodes == ["n1"]
+    assert len(result.released_ips) == 1  # n2's leak; the corrupt block's is not readable
+    kept = ds.get(IPAMBlock, bad.name)
+    assert kept.spec.unallocated == "9-3" and kept.spec.affinity is None
