@@ -10,16 +10,26 @@ drift. What Kubernetes gives every authenticated user is set apart.
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
+from bgp.annotations import IPV4_ADDRESS
+from datastore import kinds
+from datastore.client import Datastore
+from datastore.errors import DatastoreError
+from felix.cni_server import ANNOTATION_CONTAINER_ID, ANNOTATION_POD_IP
 from lab.controlplane import ControlPlane
 from tests.integration.manifests.test_manifests import (
     MANIFESTS,
     NAMESPACE,
     Kubectl,
     _remove_everything,
+    _token_kubeconfig,
 )
 from tests.rbac_table import ACCOUNTS, documented_grants
 
@@ -91,3 +101,115 @@ def test_node_account_no_longer_patches_events(kubectl: Kubectl) -> None:
     assert ("patch", "events") not in node
     assert ("create", "events") in node
     assert not {r for _, r in controllers if r == "events"}
+
+
+# -- what RBAC cannot say: the admission policy in rbac.yaml ----------------------------
+
+NODE_USER = f"--as=system:serviceaccount:{NAMESPACE}:tabby-node"
+NODE_NAME_EXTRA = "--as-user-extra=authentication.kubernetes.io/node-name="
+
+
+def _patch(kubectl: Kubectl, who: list[str], target: list[str], patch: dict[str, Any]) -> str:
+    """Merge-patch as *who*; '' when allowed, else the apiserver's refusal."""
+    result = kubectl.run(*who, "patch", *target, "--type=merge", "-p", json.dumps(patch))
+    return "" if result.returncode == 0 else result.stderr
+
+
+def _until_enforced(kubectl: Kubectl) -> None:
+    """The apiserver applies a new policy once its informer has it (about a second)."""
+    deadline = time.monotonic() + 30
+    probe = {"metadata": {"labels": {"tabby-rbac-probe": str(time.monotonic_ns())}}}
+    while not _patch(kubectl, [NODE_USER], ["pod", "annotated", "-n", "default"], probe):
+        assert time.monotonic() < deadline, "tabby-node-annotations-only never took effect"
+        time.sleep(0.2)
+
+
+@pytest.fixture
+def objects(kubectl: Kubectl) -> Iterator[None]:
+    """A Pod and two Nodes, created by the admin."""
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "annotated",
+            "namespace": "default",
+            "labels": {"app": "web"},
+            "annotations": {"owner": "team-a"},
+        },
+        "spec": {"containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}]},
+    }
+    nodes = [{"apiVersion": "v1", "kind": "Node", "metadata": {"name": n}} for n in NODES]
+    for obj in (pod, *nodes):
+        kubectl.ok("create", "-f", "-", stdin=json.dumps(obj))
+    try:
+        _until_enforced(kubectl)
+        yield
+    finally:
+        kubectl.run("delete", "pod", "annotated", "-n", "default", "--grace-period=0", "--force")
+        kubectl.run("delete", "node", *NODES)
+
+
+NODES = ("rbac-node-1", "rbac-node-2")
+POD = ["pod", "annotated", "-n", "default"]
+
+
+@pytest.mark.usefixtures("objects")
+def test_node_account_may_write_only_tabby_annotations_on_pods(kubectl: Kubectl) -> None:
+    who = [NODE_USER]
+    # What the agent does after a CNI ADD, and after DEL (null removes the key).
+    ok = {"tabby.dev/podIP": "10.244.0.5/32", "tabby.dev/containerID": "abc"}
+    assert _patch(kubectl, who, POD, {"metadata": {"annotations": ok}}) == ""
+    assert _patch(kubectl, who, POD, {"metadata": {"annotations": {"tabby.dev/podIP": None}}}) == ""
+    for patch, why in (
+        ({"metadata": {"labels": {"app": "db"}}}, "may not change labels"),
+        ({"metadata": {"labels": {"role": "client"}}}, "may not change labels"),
+        ({"metadata": {"annotations": {"owner": "me"}}}, "only tabby.dev/ annotations"),
+        ({"metadata": {"annotations": {"owner": None}}}, "only tabby.dev/ annotations"),
+        ({"spec": {"activeDeadlineSeconds": 5}}, "spec"),
+        ({"metadata": {"finalizers": ["x.dev/hold"]}}, "finalizers"),
+    ):
+        assert why in _patch(kubectl, who, POD, patch), patch
+    pod = kubectl.get(*POD)
+    assert pod["metadata"]["labels"] == {"app": "web"}
+    assert pod["metadata"]["annotations"]["owner"] == "team-a"
+    assert pod["metadata"]["annotations"]["tabby.dev/containerID"] == "abc"
+    # The admin (anyone else) is not held to this policy.
+    assert _patch(kubectl, [], POD, {"metadata": {"labels": {"app": "db"}}}) == ""
+
+
+@pytest.mark.usefixtures("objects")
+def test_node_account_may_annotate_only_its_own_node(kubectl: Kubectl) -> None:
+    own, other = NODES
+    who = [NODE_USER, NODE_NAME_EXTRA + own]
+    address = {"metadata": {"annotations": {"tabby.dev/ipv4-address": "10.0.0.1/24"}}}
+    assert _patch(kubectl, who, ["node", own], address) == ""
+    assert f"may annotate only its own Node, not {other}" in _patch(
+        kubectl, who, ["node", other], address
+    )
+    assert "spec" in _patch(kubectl, who, ["node", own], {"spec": {"unschedulable": True}})
+    taint = {"spec": {"taints": [{"key": "x", "effect": "NoExecute"}]}}
+    assert "spec" in _patch(kubectl, who, ["node", own], taint)
+    assert "labels" in _patch(kubectl, who, ["node", own], {"metadata": {"labels": {"a": "b"}}})
+    node = kubectl.get("node", own)
+    assert node["metadata"]["annotations"]["tabby.dev/ipv4-address"] == "10.0.0.1/24"
+    assert "x" not in {t["key"] for t in node["spec"].get("taints", [])}
+    assert not node["spec"].get("unschedulable")
+
+
+@pytest.mark.usefixtures("objects")
+def test_the_agents_own_patches_pass(
+    kubectl: Kubectl, control_plane: ControlPlane, tmp_path: Path
+) -> None:
+    """The agent's patch bodies (felix/agent.py), sent with a tabby-node token."""
+    kubeconfig = _token_kubeconfig(kubectl, control_plane, tmp_path, "tabby-node")
+    ds = Datastore.from_kubeconfig(str(kubeconfig))
+    pod_ip = {ANNOTATION_POD_IP: "10.244.0.7/32", ANNOTATION_CONTAINER_ID: "c0ffee"}
+    ds.patch_raw(kinds.POD, "annotated", {"metadata": {"annotations": pod_ip}}, "default")
+    ds.patch_raw(
+        kinds.POD, "annotated", {"metadata": {"annotations": {ANNOTATION_POD_IP: None}}}, "default"
+    )
+    ds.patch_raw(kinds.NODE, NODES[0], {"metadata": {"annotations": {IPV4_ADDRESS: "10.0.0.2/24"}}})
+    with pytest.raises(DatastoreError, match="may not change labels"):
+        ds.patch_raw(kinds.POD, "annotated", {"metadata": {"labels": {"app": "db"}}}, "default")
+    annotations = kubectl.get(*POD)["metadata"]["annotations"]
+    assert annotations == {"owner": "team-a", ANNOTATION_CONTAINER_ID: "c0ffee"}

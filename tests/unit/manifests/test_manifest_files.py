@@ -295,7 +295,25 @@ def test_cluster_role_is_exactly_the_table(role: str) -> None:
 def test_no_namespaced_roles() -> None:
     """All grants are cluster-wide ClusterRoles (pods and events live in every namespace)."""
     kinds = {d["kind"] for d in load("rbac.yaml")}
-    assert kinds == {"ServiceAccount", "ClusterRole", "ClusterRoleBinding"}
+    # plus the admission policy that narrows tabby-node's patch (issue 21 item 9)
+    assert kinds == {
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+    }
+
+
+def test_node_admission_policy_is_bound_and_matches_the_node_account() -> None:
+    docs = load("rbac.yaml")
+    [policy] = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicy"]
+    [binding] = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicyBinding"]
+    assert binding["spec"]["policyName"] == policy["metadata"]["name"]
+    assert binding["spec"]["validationActions"] == ["Deny"]
+    assert policy["spec"]["failurePolicy"] == "Fail"
+    [condition] = policy["spec"]["matchConditions"]
+    assert f"system:serviceaccount:{NAMESPACE}:tabby-node" in condition["expression"]
 
 
 # -- tabby-node: the DaemonSet -----------------------------------------------------------------
