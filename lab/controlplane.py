@@ -41,6 +41,7 @@ CRD_DIR = REPO / "manifests" / "crds"
 READY_TIMEOUT_S = 120.0
 CRD_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 ADMISSION = REPO / "manifests" / "ippool-admission.yaml"
+ADMISSION_PROBE_CLEAN = "198.18.255.0/24"  # benchmarking range: no test or lab pool uses it
 ADMISSION_API = "/apis/admissionregistration.k8s.io/v1"
 ADMISSION_PLURALS = {
     "ValidatingAdmissionPolicy": "validatingadmissionpolicies",
@@ -86,6 +87,7 @@ class ControlPlane:
         self.apiserver: ManagedProcess | None = None
         self.relay: ManagedProcess | None = None
         self.startup_seconds = 0.0
+        self.admission_installed = False
 
     # -- lifecycle ----------------------------------------------------------------------
     @classmethod
@@ -261,6 +263,8 @@ class ControlPlane:
             ],
         )
         self._wait(self.apiserver, self._apiserver_ready, "kube-apiserver")
+        if self.admission_installed:  # a restart: the policies must work again first
+            self.wait_admission()
 
     def stop_apiserver(self) -> None:
         """Stop only the apiserver (etcd keeps the data), e.g. to test watch recovery."""
@@ -321,8 +325,8 @@ class ControlPlane:
     def install_admission(self, path: Path = ADMISSION) -> None:
         """Install the IPPool admission policies a cluster gets from manifests/.
 
-        The apiserver loads policies and their params asynchronously: wait until a
-        dry-run pool over the Service range is denied, so that callers meet them.
+        The apiserver loads policies and their params asynchronously: wait until they
+        judge pools (wait_admission), so that callers meet them.
         """
         transport = self.datastore().transport
         for doc in yaml.safe_load_all(path.read_text()):
@@ -330,25 +334,43 @@ class ControlPlane:
                 plural = ADMISSION_PLURALS[doc["kind"]]
                 with contextlib.suppress(AlreadyExists):
                     transport.request("POST", f"{ADMISSION_API}/{plural}", body=doc)
+        self.admission_installed = True
+        self.wait_admission()
+
+    def wait_admission(self) -> None:
+        """Wait until the IPPool policies judge pools, not fail to configure themselves.
+
+        A policy whose paramKind is a CRD cannot resolve it until the apiserver's
+        discovery has caught up (up to 30 s after a start; kubernetes#124237), and
+        meanwhile denies every IPPool create with "failed to configure policy". Ready
+        means: a pool over the Service range is denied and a clean pool is admitted.
+        """
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while not (
+            self._admission_verdict(ADMISSION_PROBE_CLEAN) == "admitted"
+            and self._admission_verdict(SERVICE_CIDR) == "denied"
+        ):
+            if time.monotonic() > deadline:
+                raise ControlPlaneError(f"admission policies of {ADMISSION.name} not in force")
+            time.sleep(0.2)
+
+    def _admission_verdict(self, cidr: str) -> str:
+        """A dry-run IPPool create of cidr: 'admitted', 'denied' or 'unready'."""
         probe = {
             "apiVersion": "crd.tabby.dev/v1",
             "kind": "IPPool",
             "metadata": {"name": "tabby-admission-probe"},
-            "spec": {"cidr": SERVICE_CIDR},
+            "spec": {"cidr": cidr},
         }
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while True:
-            try:
-                transport.request(
-                    "POST", IPPOOL.collection_path(), query={"dryRun": "All"}, body=probe
-                )
-            except Invalid:
-                return
-            except (Unavailable, NotFound):
-                pass  # custom storage still initialising
-            if time.monotonic() > deadline:
-                raise ControlPlaneError(f"admission policies of {path.name} not in force")
-            time.sleep(0.1)
+        try:
+            self.datastore().transport.request(
+                "POST", IPPOOL.collection_path(), query={"dryRun": "All"}, body=probe
+            )
+        except Invalid as exc:
+            return "unready" if "failed to configure" in str(exc) else "denied"
+        except (Unavailable, NotFound):
+            return "unready"  # custom storage still initialising
+        return "admitted"
 
     # -- relay for lab node namespaces --------------------------------------------------
     def expose_unix_socket(self) -> Path:

@@ -35,7 +35,6 @@ from datastore import kinds
 from datastore.client import Datastore
 from datastore.errors import NotFound
 from felix.wiring import host_ifname_for
-from ipam.block import AllocationBlock
 from ipam.pools import pool_containing
 from ipam.report import Snapshot, find_leaks
 from policy import (
@@ -257,13 +256,31 @@ def check_host_route(
     return ok(name, f"{ip}/32 dev {ifname} proto {POD_ROUTE_PROTO}")
 
 
+def _holds(cidr: str, address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    """Whether a stored block's CIDR (possibly malformed) contains the address."""
+    try:
+        return address in ipaddress.ip_network(cidr, strict=False)
+    except ValueError:
+        return False
+
+
 def check_ipam(ip: str, container_id: str | None, node: str, snapshot: Snapshot) -> list[Check]:
     """The address is allocated to this pod's handle, in a block affine to its node, in a pool."""
     address = ipaddress.ip_address(ip)
     handle_id = f"{NETWORK_NAME}.{container_id}" if container_id else None
-    decoded = [AllocationBlock.from_spec(b.spec) for b in snapshot.blocks]
+    decoded = [block for _, block in snapshot.allocation_blocks()]
     block = next((b for b in decoded if b.contains(address)), None)  # type: ignore[arg-type]
     out: list[Check] = []
+    corrupt = [(m, why) for m, why in snapshot.corrupt_blocks() if _holds(m.spec.cidr, address)]
+    if block is None and corrupt:
+        model, why = corrupt[0]
+        return [
+            bad(
+                "ipam allocation",
+                f"{ip} lies in IPAM block {model.spec.cidr}, which cannot be read: {why}",
+                "tabbyctl ipam check; repair or delete that block",
+            )
+        ]
     if block is None:
         return [
             bad(

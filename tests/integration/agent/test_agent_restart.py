@@ -130,7 +130,7 @@ def _answers(path: Path) -> bool:
 @pytest.fixture
 def restartable_agent(control_plane: ControlPlane, tmp_path: Path) -> Iterator[RestartableAgent]:
     """agent_node's set-up, but the test owns the agent's lifecycle (--no-bgp: BGP is not
-    what is tested, and a SIGKILLed agent would leave its ExaBGP child to the teardown)."""
+    what is tested here; test_agent_bgp_takeover.py covers ExaBGP across a SIGKILL)."""
     ds = control_plane.datastore()
     pool_name = f"pool-{uuid.uuid4().hex[:6]}"
     ds.create(

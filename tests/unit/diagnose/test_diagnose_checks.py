@@ -206,6 +206,15 @@ def test_ipam_faults() -> None:
     assert [c.result for c in outside] == [FAIL]
 
 
+def test_ipam_check_names_a_corrupt_block_instead_of_failing() -> None:
+    snap = snapshot()
+    bad = snap.blocks[0].spec.model_copy(update={"unallocated": "9-3"})
+    snap.blocks = [snap.blocks[0].model_copy(update={"spec": bad})]
+    checks = check_ipam(IP, CID, "node1", snap)
+    assert [c.result for c in checks] == [FAIL]
+    assert "10.244.0.0/26" in checks[0].detail and "cannot be read" in checks[0].detail
+
+
 def test_stale_ipam_names_the_handle_of_a_gone_pod() -> None:
     check = check_stale_ipam(snapshot())
     assert check.result == WARN and "k8s-pod-network.gone" in check.detail
