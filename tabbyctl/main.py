@@ -13,6 +13,7 @@ import os
 import click
 
 from datastore.client import Datastore
+from tabbyctl.output import CliError
 
 DEFAULT_KUBECONFIG = os.path.expanduser("~/.kube/config")
 
@@ -39,7 +40,7 @@ class Context:
     def datastore(self) -> Datastore:
         if self._datastore is None:
             if not os.path.exists(self.kubeconfig):
-                raise click.ClickException(
+                raise CliError(
                     f"kubeconfig {self.kubeconfig} not found: pass --kubeconfig or set KUBECONFIG"
                 )
             self._datastore = Datastore.from_kubeconfig(self.kubeconfig)
