@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -119,13 +120,50 @@ def ensure_node(ds: Datastore, name: str, address: str) -> None:
         ds.create_raw(kinds.NODE, body)
 
 
-@pytest.fixture
-def agent_node(control_plane: ControlPlane, tmp_path: Path) -> Iterator[AgentNode]:
-    ds = control_plane.datastore()
+def create_pool(ds: Datastore) -> str:
+    """A fresh IPPool 10.100.0.0/16 (blocks /26) for one test; its name, for clean-up."""
     pool_name = f"pool-{uuid.uuid4().hex[:6]}"
     ds.create(
         IPPool(metadata=Meta(name=pool_name), spec=IPPoolSpec(cidr="10.100.0.0/16", block_size=26))
     )
+    return pool_name
+
+
+def socket_answers(path: Path) -> bool:
+    """A socket file alone proves nothing after a SIGKILL: the dead agent's stays."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(str(path))
+    except OSError:
+        return False
+    finally:
+        probe.close()
+    return True
+
+
+def start_agent(
+    lab: Lab,
+    node: Node,
+    name: str,
+    argv: list[str],
+    sock: Path,
+    *,
+    ready: Callable[[Path], bool] = socket_answers,
+) -> ManagedProcess:
+    """Start tabby-node (argv) in a lab node; wait up to 60 s until ready(sock)."""
+    proc = lab.start_process(name, node, argv, env={"PYTHONPATH": str(REPO)})
+    deadline = time.monotonic() + 60
+    while not ready(sock):
+        if not proc.alive() or time.monotonic() > deadline:
+            raise RuntimeError(f"tabby-node did not start:\n{proc.log_tail(40)}")
+        time.sleep(0.1)
+    return proc
+
+
+@pytest.fixture
+def agent_node(control_plane: ControlPlane, tmp_path: Path) -> Iterator[AgentNode]:
+    ds = control_plane.datastore()
+    pool_name = create_pool(ds)
     lab = Lab.create(nodes=1)
     node = lab.node("node1")
     node_name = f"{node.name}-{lab.lab_id}"
@@ -134,25 +172,16 @@ def agent_node(control_plane: ControlPlane, tmp_path: Path) -> Iterator[AgentNod
     install_plugin(bin_dir, sys.executable)
     try:
         lab.relay_apiserver(node, control_plane.expose_unix_socket(), control_plane.apiserver_port)
-        agent = lab.start_process(
-            "tabby-node",
-            node,
-            [
-                str(TABBY_NODE),
-                "--node-name",
-                node_name,
-                "--kubeconfig",
-                str(control_plane.kubeconfig),
-                "--run-dir",
-                str(run_dir),
-            ],
-            env={"PYTHONPATH": str(REPO)},
-        )
-        deadline = time.monotonic() + 60
-        while not (run_dir / "cni.sock").exists():
-            if not agent.alive() or time.monotonic() > deadline:
-                raise RuntimeError(f"tabby-node did not start:\n{agent.log_tail(40)}")
-            time.sleep(0.1)
+        argv = [
+            str(TABBY_NODE),
+            "--node-name",
+            node_name,
+            "--kubeconfig",
+            str(control_plane.kubeconfig),
+            "--run-dir",
+            str(run_dir),
+        ]
+        agent = start_agent(lab, node, "tabby-node", argv, run_dir / "cni.sock", ready=Path.exists)
         yield AgentNode(lab, node, run_dir, bin_dir, agent, ds)
     finally:
         lab.teardown()

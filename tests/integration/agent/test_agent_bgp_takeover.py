@@ -15,7 +15,6 @@ import ipaddress
 import json
 import os
 import signal
-import socket
 import sys
 import time
 import uuid
@@ -31,14 +30,19 @@ from bgp.kernel import iproute_factory
 from bgp.speaker import SpeakerOptions
 from datastore import kinds
 from datastore.client import Datastore
-from datastore.models import IPPool, IPPoolSpec, Meta
 from ipam.allocator import IPAMAllocator
 from lab import netns
 from lab.controlplane import ControlPlane
 from lab.process import ManagedProcess
 from lab.topology import Lab, Node
 from tests.helpers import wait_for
-from tests.integration.agent.conftest import REPO, TABBY_NODE, _delete_pool_data, ensure_node
+from tests.integration.agent.conftest import (
+    TABBY_NODE,
+    _delete_pool_data,
+    create_pool,
+    ensure_node,
+    start_agent,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -76,18 +80,14 @@ class Pair:
     def start_agent(self, stand_in: str | None = None) -> ManagedProcess:
         self.starts += 1
         argv = [sys.executable, "-c", stand_in] if stand_in else [str(TABBY_NODE)]
-        proc = self.lab.start_process(
-            f"tabby-node-{self.starts}",
+        proc = start_agent(
+            self.lab,
             self.node,
+            f"tabby-node-{self.starts}",
             [*argv, *self.args],
-            env={"PYTHONPATH": str(REPO)},
+            self.run_dir / "cni.sock",
         )
         self.agent = proc
-        deadline = time.monotonic() + 60
-        while not _answers(self.run_dir / "cni.sock"):
-            if not proc.alive() or time.monotonic() > deadline:
-                raise RuntimeError(f"tabby-node did not start:\n{proc.log_tail(40)}")
-            time.sleep(0.1)
         return proc
 
     def kill_agent(self) -> None:
@@ -135,18 +135,6 @@ class Pair:
         return ipaddress.IPv4Network(f"{address}/26", strict=False)
 
 
-def _answers(path: Path) -> bool:
-    """A socket file alone proves nothing after a SIGKILL: the dead agent's stays."""
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        probe.connect(str(path))
-    except OSError:
-        return False
-    finally:
-        probe.close()
-    return True
-
-
 def process_start_time(pid: int) -> int | None:
     """A live process's start time (clock ticks since boot); None once gone or a zombie.
 
@@ -171,10 +159,7 @@ def _record(name: str, **figures: float) -> None:
 @pytest.fixture
 def pair(control_plane: ControlPlane, tmp_path: Path) -> Iterator[Pair]:
     ds = control_plane.datastore()
-    pool_name = f"pool-{uuid.uuid4().hex[:6]}"
-    ds.create(
-        IPPool(metadata=Meta(name=pool_name), spec=IPPoolSpec(cidr="10.100.0.0/16", block_size=26))
-    )
+    pool_name = create_pool(ds)
     lab = Lab.create(nodes=2)
     node, other = lab.node("node1"), lab.node("node2")
     node_name, other_name = f"node1-{lab.lab_id}", f"node2-{lab.lab_id}"

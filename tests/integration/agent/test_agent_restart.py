@@ -19,10 +19,8 @@ import ipaddress
 import json
 import os
 import signal
-import socket
 import sys
 import threading
-import time
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -36,7 +34,6 @@ from cni.install import install_plugin
 from datastore import kinds
 from datastore.client import Datastore
 from datastore.errors import DatastoreError
-from datastore.models import IPPool, IPPoolSpec, Meta
 from felix.wiring import host_ifname_for
 from ipam.allocator import IPAMAllocator
 from lab import netns
@@ -48,7 +45,9 @@ from tests.integration.agent.conftest import (
     TABBY_NODE,
     AgentNode,
     _delete_pool_data,
+    create_pool,
     ensure_node,
+    start_agent,
 )
 
 pytestmark = pytest.mark.integration
@@ -103,28 +102,11 @@ class RestartableAgent:
             argv = [str(TABBY_NODE), *self.args]
         else:
             argv = [sys.executable, "-c", STAND_IN, *self.args]
-        proc = self.node.lab.start_process(
-            f"tabby-node-{self.starts}", self.node.node, argv, env={"PYTHONPATH": str(REPO)}
+        proc = start_agent(
+            self.node.lab, self.node.node, f"tabby-node-{self.starts}", argv, self.node.socket
         )
         self.node.agent = proc
-        deadline = time.monotonic() + 60
-        while not _answers(self.node.socket):
-            if not proc.alive() or time.monotonic() > deadline:
-                raise RuntimeError(f"tabby-node did not start:\n{proc.log_tail(40)}")
-            time.sleep(0.1)
         return proc
-
-
-def _answers(path: Path) -> bool:
-    """A socket file alone proves nothing after a SIGKILL: the dead agent's stays."""
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        probe.connect(str(path))
-    except OSError:
-        return False
-    finally:
-        probe.close()
-    return True
 
 
 @pytest.fixture
@@ -132,10 +114,7 @@ def restartable_agent(control_plane: ControlPlane, tmp_path: Path) -> Iterator[R
     """agent_node's set-up, but the test owns the agent's lifecycle (--no-bgp: BGP is not
     what is tested here; test_agent_bgp_takeover.py covers ExaBGP across a SIGKILL)."""
     ds = control_plane.datastore()
-    pool_name = f"pool-{uuid.uuid4().hex[:6]}"
-    ds.create(
-        IPPool(metadata=Meta(name=pool_name), spec=IPPoolSpec(cidr="10.100.0.0/16", block_size=26))
-    )
+    pool_name = create_pool(ds)
     lab = Lab.create(nodes=1)
     node = lab.node("node1")
     node_name = f"{node.name}-{lab.lab_id}"
