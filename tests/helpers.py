@@ -18,3 +18,16 @@ def wait_for(check: Callable[[], bool], timeout: float = 20.0, what: str = "cond
             return
         time.sleep(0.05)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def settles(check: Callable[[], bool], timeout: float = 20.0, interval: float = 0.3) -> bool:
+    """Poll check() every interval seconds; True once it holds, False after timeout.
+
+    For assertions that carry their own message: `assert settles(f), state()`.
+    """
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(interval)
+    return False

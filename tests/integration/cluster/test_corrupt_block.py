@@ -18,7 +18,7 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,8 @@ from datastore import kinds
 from ipam.block import decode_allocations, decode_ordinals, encode_ordinals
 from lab.cluster import ClusterSpec, LabCluster
 from lab.process import ManagedProcess
+from tests.helpers import settles
+from tests.integration.cluster.conftest import cluster_up
 
 pytestmark = pytest.mark.integration
 
@@ -40,20 +42,8 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 @pytest.fixture
 def mesh2(tmp_path: Path) -> Iterator[LabCluster]:
-    cluster = LabCluster.up(tmp_path / "lab", ClusterSpec(nodes=2, subnets=1, bgp="mesh"))
-    try:
+    with cluster_up(tmp_path, ClusterSpec(nodes=2, subnets=1, bgp="mesh")) as cluster:
         yield cluster
-    finally:
-        cluster.down()
-
-
-def _wait(check: Callable[[], bool], timeout: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.2)
-    return False
 
 
 def _agent(cluster: LabCluster, node: str) -> ManagedProcess:
@@ -143,7 +133,10 @@ def test_one_corrupt_block_is_reported_once_and_every_node_keeps_working(
     assert mesh2.can_reach("default/pod-node1", "default/pod-node2")
     _strip_cel(mesh2)
     agents = {n.name: _agent(mesh2, n.name) for n in mesh2.nodes}
-    assert _wait(lambda: all(_ready(mesh2, n)["ready"] for n in agents)), "not ready at start"
+    ready = settles(
+        lambda: all(_ready(mesh2, n)["ready"] for n in agents), timeout=30.0, interval=0.2
+    )
+    assert ready, "not ready at start"
     log_size = {n: a.log_path.stat().st_size for n, a in agents.items()}
     cpu_before = {n: _tree_cpu_s(a.pid or 0) for n, a in agents.items()}
     began = time.monotonic()

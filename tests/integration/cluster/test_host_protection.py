@@ -13,13 +13,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from lab.cluster import ClusterSpec, LabCluster, PodInfo
+from tests.helpers import settles
+from tests.integration.cluster.conftest import cluster_up
 
 pytestmark = pytest.mark.integration
 
@@ -56,15 +57,6 @@ def _listen(netns: str, address: str, port: int) -> subprocess.Popen[str]:
     return proc
 
 
-def _settles(check: Callable[[], bool], timeout: float = 60.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.5)
-    return False
-
-
 def _bgp_up(cluster: LabCluster) -> bool:
     for node in cluster.nodes:
         path = cluster.run_dir(node.name) / "bgp-status.json"
@@ -97,17 +89,21 @@ class _Lab:
 
 
 def _up(tmp_path: Path) -> Iterator[_Lab]:
-    cluster = LabCluster.up(tmp_path / "lab", ClusterSpec(nodes=2))
-    lab: _Lab | None = None
-    try:
-        lab = _Lab(cluster)
-        assert _settles(lambda: _bgp_up(cluster)), "BGP sessions did not come up"
-        assert _settles(lambda: cluster.can_reach("x/a", "x/b", timeout_s=1, attempts=1))
-        yield lab
-    finally:
-        if lab is not None:
-            lab.close()
-        cluster.down()
+    with cluster_up(tmp_path, ClusterSpec(nodes=2)) as cluster:
+        lab: _Lab | None = None
+        try:
+            lab = _Lab(cluster)
+            up = settles(lambda: _bgp_up(cluster), timeout=60.0, interval=0.5)
+            assert up, "BGP sessions did not come up"
+            assert settles(
+                lambda: cluster.can_reach("x/a", "x/b", timeout_s=1, attempts=1),
+                timeout=60.0,
+                interval=0.5,
+            )
+            yield lab
+        finally:
+            if lab is not None:
+                lab.close()
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,8 @@ from datastore.errors import DatastoreError
 from datastore.transport import HttpTransport
 from lab.cluster import ClusterSpec, LabCluster
 from lab.process import PidRegistry
+from tests.helpers import settles
+from tests.integration.cluster.conftest import cluster_up
 
 TENANT = "mallory"
 POLICY = {
@@ -74,8 +76,7 @@ def _tenant(cluster: LabCluster) -> Datastore:
 
 @pytest.fixture
 def lab(tmp_path: Path) -> Iterator[LabCluster]:
-    cluster = LabCluster.up(tmp_path / "lab", ClusterSpec(nodes=2))
-    try:
+    with cluster_up(tmp_path, ClusterSpec(nodes=2)) as cluster:
         cluster.create_namespace("x")
         cluster.create_pod("x", "db", "node1", {"app": "db"})
         cluster.create_pod("x", "near", "node1", {"role": "untrusted"})  # denied, same node
@@ -83,17 +84,6 @@ def lab(tmp_path: Path) -> Iterator[LabCluster]:
         cluster.create_pod("x", "friend", "node2", {"role": "trusted"})  # allowed
         cluster.create_pod("x", "probe", "node2", {"role": "untrusted"})  # relabelled later
         yield cluster
-    finally:
-        cluster.down()
-
-
-def _settles(check: Callable[[], bool], timeout: float = 20.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.3)
-    return False
 
 
 def _reach(cluster: LabCluster) -> dict[str, bool]:
@@ -129,7 +119,7 @@ def _ipset_members(cluster: LabCluster, node: str) -> set[str]:
 def test_forged_pod_addresses_never_open_a_denied_pair(lab: LabCluster) -> None:
     lab.apply_policy(POLICY)
     denied = {"x/near": False, "x/far": False, "x/friend": True, "x/probe": False}
-    assert _settles(lambda: _reach(lab) == denied), _reach(lab)
+    assert settles(lambda: _reach(lab) == denied), _reach(lab)
 
     tenant = _tenant(lab)
     near, far = lab.pods["x/near"].ip, lab.pods["x/far"].ip
@@ -157,7 +147,7 @@ def test_forged_pod_addresses_never_open_a_denied_pair(lab: LabCluster) -> None:
     # once probe is let in, the pass that did it had them in its cache too.
     lab.label_pod("x", "probe", {"role": "trusted"})
     expected = {**denied, "x/probe": True}
-    assert _settles(lambda: _reach(lab)["x/probe"]), _reach(lab)
+    assert settles(lambda: _reach(lab)["x/probe"]), _reach(lab)
     assert _reach(lab) == expected
 
     for node in ("node1", "node2"):
@@ -193,7 +183,7 @@ def test_after_a_restart_re_adopted_pods_keep_their_own_address_not_their_annota
     def reach() -> dict[str, bool]:
         return {c: lab.can_reach(c, "x/db", timeout_s=1, attempts=1) for c in clients}
 
-    assert _settles(lambda: reach() == expected), reach()
+    assert settles(lambda: reach() == expected), reach()
     far = lab.pods["x/far"].ip
     tenant = _tenant(lab)
     forged = {"metadata": {"annotations": {"tabby.dev/podIP": f"{far}/32"}}}
@@ -201,6 +191,6 @@ def test_after_a_restart_re_adopted_pods_keep_their_own_address_not_their_annota
 
     _restart_agent(lab, "node1")
     # db and insider are re-adopted with the addresses Tabby gave them: policy holds
-    assert _settles(lambda: reach() == expected), reach()
+    assert settles(lambda: reach() == expected), reach()
     members = _ipset_members(lab, "node1")
     assert lab.pods["x/insider"].ip in members and far not in members, members
