@@ -477,6 +477,13 @@ def _check_host(node: Any, spec: PodWiring) -> tuple[list[str], Any | None]:
         problems.append(f"{spec.host_ifname} is a {_kind(host)}, not a veth")
     if host.get_attr("IFLA_ADDRESS") != HOST_VETH_MAC:
         problems.append(f"{spec.host_ifname} MAC is {host.get_attr('IFLA_ADDRESS')}")
+    problems += _host_link_problems(spec, host)
+    return problems, host
+
+
+def _host_link_problems(spec: PodWiring, host: Any) -> list[str]:
+    """The host veth's state: up, the pod's MTU, the host devconf Tabby sets."""
+    problems = []
     if not _is_up(host):
         problems.append(f"{spec.host_ifname} is down")
     if host.get_attr("IFLA_MTU") != spec.mtu:
@@ -485,7 +492,7 @@ def _check_host(node: Any, spec: PodWiring) -> tuple[list[str], Any | None]:
     for key, want in _HOST_DEVCONF.items():
         if conf.get(key) != want:
             problems.append(f"{spec.host_ifname} {key}={conf.get(key)}, want {want}")
-    return problems, host
+    return problems
 
 
 def _check_host_route(node: Any, spec: PodWiring, host_index: int) -> list[str]:
@@ -579,15 +586,7 @@ def drifted(specs: list[PodWiring], node_netns: str | None = None) -> dict[str, 
 def _host_drift(spec: PodWiring, link: Any | None, route: Any | None) -> list[str]:
     if link is None or _kind(link) != "veth":
         return [f"host veth {spec.host_ifname} is missing"]
-    problems = []
-    if not _is_up(link):
-        problems.append(f"{spec.host_ifname} is down")
-    if link.get_attr("IFLA_MTU") != spec.mtu:
-        problems.append(f"{spec.host_ifname} MTU is {link.get_attr('IFLA_MTU')}, want {spec.mtu}")
-    conf = _devconf(link)
-    for key, want in _HOST_DEVCONF.items():
-        if conf.get(key) != want:
-            problems.append(f"{spec.host_ifname} {key}={conf.get(key)}, want {want}")
+    problems = _host_link_problems(spec, link)
     if route is None or route.get_attr("RTA_OIF") != link["index"]:
         problems.append(f"host route {spec.address}/32 dev {spec.host_ifname} is missing")
     return problems
