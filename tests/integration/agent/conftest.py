@@ -129,6 +129,19 @@ def create_pool(ds: Datastore) -> str:
     return pool_name
 
 
+def agent_args(node_name: str, kubeconfig: Path, run_dir: Path, *extra: str) -> list[str]:
+    """tabby-node's arguments for one lab node, then extra."""
+    return [
+        "--node-name",
+        node_name,
+        "--kubeconfig",
+        str(kubeconfig),
+        "--run-dir",
+        str(run_dir),
+        *extra,
+    ]
+
+
 def socket_answers(path: Path) -> bool:
     """A socket file alone proves nothing after a SIGKILL: the dead agent's stays."""
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -149,9 +162,11 @@ def start_agent(
     sock: Path,
     *,
     ready: Callable[[Path], bool] = socket_answers,
+    keep_mounts: bool = False,
 ) -> ManagedProcess:
     """Start tabby-node (argv) in a lab node; wait up to 60 s until ready(sock)."""
-    proc = lab.start_process(name, node, argv, env={"PYTHONPATH": str(REPO)})
+    env = {"PYTHONPATH": str(REPO)}
+    proc = lab.start_process(name, node, argv, env=env, keep_mounts=keep_mounts)
     deadline = time.monotonic() + 60
     while not ready(sock):
         if not proc.alive() or time.monotonic() > deadline:
@@ -172,15 +187,7 @@ def agent_node(control_plane: ControlPlane, tmp_path: Path) -> Iterator[AgentNod
     install_plugin(bin_dir, sys.executable)
     try:
         lab.relay_apiserver(node, control_plane.expose_unix_socket(), control_plane.apiserver_port)
-        argv = [
-            str(TABBY_NODE),
-            "--node-name",
-            node_name,
-            "--kubeconfig",
-            str(control_plane.kubeconfig),
-            "--run-dir",
-            str(run_dir),
-        ]
+        argv = [str(TABBY_NODE), *agent_args(node_name, control_plane.kubeconfig, run_dir)]
         agent = start_agent(lab, node, "tabby-node", argv, run_dir / "cni.sock", ready=Path.exists)
         yield AgentNode(lab, node, run_dir, bin_dir, agent, ds)
     finally:

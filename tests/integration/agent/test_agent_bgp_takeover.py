@@ -39,6 +39,7 @@ from tests.helpers import wait_for
 from tests.integration.agent.conftest import (
     TABBY_NODE,
     _delete_pool_data,
+    agent_args,
     create_pool,
     ensure_node,
     start_agent,
@@ -166,16 +167,8 @@ def pair(control_plane: ControlPlane, tmp_path: Path) -> Iterator[Pair]:
     ensure_node(ds, node_name, str(node.address))
     ensure_node(ds, other_name, str(other.address))
     run_dir = tmp_path / "run"
-    args = [
-        "--node-name",
-        node_name,
-        "--kubeconfig",
-        str(control_plane.kubeconfig),
-        "--run-dir",
-        str(run_dir),
-        "--resync-interval",
-        "300",  # nothing in these tests may wait for a resync pass
-    ]
+    # --resync-interval 300: nothing in these tests may wait for a resync pass
+    args = agent_args(node_name, control_plane.kubeconfig, run_dir, "--resync-interval", "300")
     peer = BGPController(
         other_name,
         SpeakerOptions(

@@ -45,6 +45,7 @@ from tests.integration.agent.conftest import (
     TABBY_NODE,
     AgentNode,
     _delete_pool_data,
+    agent_args,
     create_pool,
     ensure_node,
     start_agent,
@@ -121,15 +122,7 @@ def restartable_agent(control_plane: ControlPlane, tmp_path: Path) -> Iterator[R
     ensure_node(ds, node_name, str(node.address))
     run_dir, bin_dir = tmp_path / "run", tmp_path / "bin"
     install_plugin(bin_dir, sys.executable)
-    args = [
-        "--node-name",
-        node_name,
-        "--kubeconfig",
-        str(control_plane.kubeconfig),
-        "--run-dir",
-        str(run_dir),
-        "--no-bgp",
-    ]
+    args = agent_args(node_name, control_plane.kubeconfig, run_dir, "--no-bgp")
     agent: RestartableAgent | None = None
     try:
         lab.relay_apiserver(node, control_plane.expose_unix_socket(), control_plane.apiserver_port)

@@ -15,10 +15,8 @@ import ipaddress
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -37,7 +35,13 @@ from lab.controlplane import ControlPlane, k8s_bin_dir
 from lab.runtime import Containerd
 from lab.topology import Lab, Node
 from tests.helpers import wait_for
-from tests.integration.agent.conftest import REPO, TABBY_NODE, _delete_pool_data, ensure_node
+from tests.integration.agent.conftest import (
+    TABBY_NODE,
+    _delete_pool_data,
+    agent_args,
+    ensure_node,
+    start_agent,
+)
 from tests.integration.runtime.conftest import REFERENCE_PLUGINS
 
 pytestmark = pytest.mark.integration
@@ -56,17 +60,6 @@ class TabbyRuntimeNode:
     runtime: Containerd
     datastore: Datastore
     run_dir: Path
-
-
-def _answers(path: Path) -> bool:
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        probe.connect(str(path))
-    except OSError:
-        return False
-    finally:
-        probe.close()
-    return True
 
 
 @pytest.fixture
@@ -100,20 +93,15 @@ def tabby_runtime_node(
     )
     try:
         lab.relay_apiserver(node, control_plane.expose_unix_socket(), control_plane.apiserver_port)
-        agent = lab.start_process(
-            "tabby-node",
+        start_agent(
+            lab,
             node,
+            "tabby-node",
             [
                 str(TABBY_NODE),
-                "--node-name",
-                node_name,
-                "--kubeconfig",
-                str(control_plane.kubeconfig),
-                "--run-dir",
-                str(run_dir),
-                "--no-bgp",
+                *agent_args(node_name, control_plane.kubeconfig, run_dir, "--no-bgp"),
             ],
-            env={"PYTHONPATH": str(REPO)},
+            run_dir / "cni.sock",
             # The agent opens the sandbox netns by the path containerd gives; containerd
             # bind-mounts it after the agent started, and `ip netns exec`'s own mount
             # namespace does not receive that mount on a host whose / is private (the
@@ -121,11 +109,6 @@ def tabby_runtime_node(
             # the runtime's netns dir with mountPropagation HostToContainer.
             keep_mounts=True,
         )
-        deadline = time.monotonic() + 60
-        while not _answers(run_dir / "cni.sock"):
-            if not agent.alive() or time.monotonic() > deadline:
-                raise RuntimeError(f"tabby-node did not start:\n{agent.log_tail(40)}")
-            time.sleep(0.1)
         runtime.start(pause_archive)
         yield TabbyRuntimeNode(lab, node, node_name, runtime, ds, run_dir)
     finally:
