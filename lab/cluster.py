@@ -321,6 +321,10 @@ class LabCluster:
             check=False,
         )
 
+    def netns_argv(self, pod: str) -> list[str]:
+        """The prefix that runs a host command inside a pod's network namespace."""
+        return ["ip", "netns", "exec", self.pods[pod].netns]
+
     def can_reach(self, src: str, dst: str, timeout_s: int = 2, attempts: int = 2) -> bool:
         """ICMP from one pod to another's address (a first ARP may take one attempt)."""
         target = self.pods[dst].ip

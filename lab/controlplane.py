@@ -48,6 +48,7 @@ ADMISSION_PLURALS = {
     "ValidatingAdmissionPolicyBinding": "validatingadmissionpolicybindings",
 }
 SERVICE_CIDR = "10.96.0.0/16"
+LAB_APISERVER_PORT = 6443
 
 
 class ControlPlaneError(RuntimeError):
@@ -74,32 +75,57 @@ def free_port() -> int:
 class ControlPlane:
     """etcd and kube-apiserver in a work dir, with certificates and an admin kubeconfig."""
 
-    def __init__(self, workdir: Path, bin_dir: Path | None = None) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        bin_dir: Path | None = None,
+        *,
+        netns: str | None = None,
+        address: str | None = None,
+    ) -> None:
         self.workdir = workdir
         self.bin_dir = bin_dir or k8s_bin_dir()
         self.pki = workdir / "pki"
         self.kubeconfig = workdir / "kubeconfig"
-        self.etcd_port = free_port()
-        self.etcd_peer_port = free_port()
+        # With a netns (the real-node lab), etcd and the apiserver run inside it at
+        # `address`, where kubelets reach them and they reach kubelets (exec, logs);
+        # the host reaches the apiserver on 127.0.0.1:apiserver_port through a relay.
+        self.netns, self.address = netns, address
+        self.lab_kubeconfig = workdir / "kubeconfig-lab"
+        self.etcd_port = 2379 if netns else free_port()
+        self.etcd_peer_port = 2380 if netns else free_port()
         self.apiserver_port = free_port()
         self.pids = PidRegistry(workdir / "pids.json")
         self.etcd: ManagedProcess | None = None
         self.apiserver: ManagedProcess | None = None
         self.relay: ManagedProcess | None = None
+        self.host_relay: ManagedProcess | None = None
+        self.scheduler: ManagedProcess | None = None
+        self.controller_manager: ManagedProcess | None = None
         self.startup_seconds = 0.0
         self.admission_installed = False
 
     # -- lifecycle ----------------------------------------------------------------------
     @classmethod
-    def start(cls, workdir: Path, bin_dir: Path | None = None) -> ControlPlane:
+    def start(
+        cls,
+        workdir: Path,
+        bin_dir: Path | None = None,
+        *,
+        netns: str | None = None,
+        address: str | None = None,
+    ) -> ControlPlane:
         """Start etcd and the apiserver, install CRDs; stops what it started on failure."""
         workdir.mkdir(parents=True, exist_ok=True)
-        cp = cls(workdir, bin_dir)
+        cp = cls(workdir, bin_dir, netns=netns, address=address)
         cp.pids.kill_leftovers()
         began = time.monotonic()
         try:
             cp._write_pki()
             cp.start_etcd()
+            if netns:
+                cp.expose_unix_socket()
+                cp._relay_to_host()
             cp.start_apiserver()
             cp.install_crds()
             cp.install_admission()
@@ -119,8 +145,15 @@ class ControlPlane:
         self.stop()
 
     def stop(self) -> None:
-        """Stop the relay, the apiserver, then etcd, each by PID."""
-        for attr in ("relay", "apiserver", "etcd"):
+        """Stop the relays, the controllers, the apiserver, then etcd, each by PID."""
+        for attr in (
+            "host_relay",
+            "relay",
+            "controller_manager",
+            "scheduler",
+            "apiserver",
+            "etcd",
+        ):
             proc: ManagedProcess | None = getattr(self, attr)
             if proc is not None:
                 proc.stop()
@@ -163,6 +196,14 @@ class ControlPlane:
         self._wait(self.etcd, self._etcd_healthy, "etcd")
 
     def _etcd_healthy(self) -> bool:
+        if self.netns:  # not reachable from the host: ask from inside
+            argv = ["curl", "-sf", "-m2", f"{self.etcd_url}/health"]
+            out = subprocess.run(
+                ["nsenter", f"--net=/run/netns/{self.netns}", *argv],
+                capture_output=True,
+                check=False,
+            )
+            return out.returncode == 0 and b'"true"' in out.stdout
         try:
             with urllib.request.urlopen(f"{self.etcd_url}/health", timeout=2) as resp:
                 return bool(json.load(resp).get("health") == "true")
@@ -201,20 +242,27 @@ class ControlPlane:
                 "kubernetes.default.svc",
                 "kubernetes.default.svc.cluster.local",
             ),
-            server_ips=("127.0.0.1", "10.96.0.1"),
+            server_ips=("127.0.0.1", "10.96.0.1", *([self.address] if self.address else [])),
         )
         admin = ca.issue("admin", "tabby-admin", organization="system:masters")
         write_service_account_key(self.pki)
         self._write_kubeconfig(ca.cert_path, admin.cert, admin.key)
+        if self.address:  # for the lab's own daemons: kubelet, kube-proxy, controllers
+            lab_url = f"https://{self.address}:{LAB_APISERVER_PORT}"
+            self._write_kubeconfig(
+                ca.cert_path, admin.cert, admin.key, self.lab_kubeconfig, lab_url
+            )
 
-    def _write_kubeconfig(self, ca: Path, cert: Path, key: Path) -> None:
+    def _write_kubeconfig(
+        self, ca: Path, cert: Path, key: Path, path: Path | None = None, url: str | None = None
+    ) -> None:
         config = {
             "apiVersion": "v1",
             "kind": "Config",
             "clusters": [
                 {
                     "name": "tabby-lab",
-                    "cluster": {"server": self.url, "certificate-authority": str(ca)},
+                    "cluster": {"server": url or self.url, "certificate-authority": str(ca)},
                 }
             ],
             "users": [
@@ -228,8 +276,9 @@ class ControlPlane:
             ],
             "current-context": "tabby-lab",
         }
-        self.kubeconfig.write_text(yaml.safe_dump(config))
-        self.kubeconfig.chmod(0o600)
+        path = path or self.kubeconfig
+        path.write_text(yaml.safe_dump(config))
+        path.chmod(0o600)
 
     def start_apiserver(self) -> None:
         """(Re)start kube-apiserver against the running etcd; waits for /readyz."""
@@ -239,9 +288,7 @@ class ControlPlane:
             [
                 str(self.bin_dir / "kube-apiserver"),
                 f"--etcd-servers={self.etcd_url}",
-                "--bind-address=127.0.0.1",
-                "--advertise-address=127.0.0.1",
-                f"--secure-port={self.apiserver_port}",
+                *self._apiserver_listen_flags(),
                 f"--cert-dir={pki}",
                 f"--tls-cert-file={pki / 'apiserver.crt'}",
                 f"--tls-private-key-file={pki / 'apiserver.key'}",
@@ -255,7 +302,7 @@ class ControlPlane:
                 "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
                 f"--service-account-key-file={pki / 'sa.key'}",
                 f"--service-account-signing-key-file={pki / 'sa.key'}",
-                "--disable-admission-plugins=ServiceAccount",
+                *self._apiserver_node_flags(),
                 "--allow-privileged=true",
                 "--enable-priority-and-fairness=false",
                 "--profiling=false",
@@ -265,6 +312,26 @@ class ControlPlane:
         self._wait(self.apiserver, self._apiserver_ready, "kube-apiserver")
         if self.admission_installed:  # a restart: the policies must work again first
             self.wait_admission()
+
+    def _apiserver_listen_flags(self) -> list[str]:
+        if not self.netns:
+            return [
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                f"--secure-port={self.apiserver_port}",
+            ]
+        return [
+            f"--bind-address={self.address}",
+            f"--advertise-address={self.address}",
+            f"--secure-port={LAB_APISERVER_PORT}",
+        ]
+
+    def _apiserver_node_flags(self) -> list[str]:
+        """Without kubelets no pod needs a token; with them, pods get ServiceAccounts
+        and the apiserver dials kubelets by InternalIP (there is no DNS for names)."""
+        if not self.netns:
+            return ["--disable-admission-plugins=ServiceAccount"]
+        return ["--kubelet-preferred-address-types=InternalIP"]
 
     def stop_apiserver(self) -> None:
         """Stop only the apiserver (etcd keeps the data), e.g. to test watch recovery."""
@@ -382,20 +449,63 @@ class ControlPlane:
         path = self.workdir / "apiserver.sock"
         if self.relay is None or not self.relay.alive():
             path.unlink(missing_ok=True)
+            target = (
+                f"TCP:{self.address}:{LAB_APISERVER_PORT}"
+                if self.netns
+                else f"TCP:127.0.0.1:{self.apiserver_port}"
+            )
             self.relay = self._launch(
-                "apiserver-relay",
-                [
-                    "socat",
-                    f"UNIX-LISTEN:{path},fork,mode=600",
-                    f"TCP:127.0.0.1:{self.apiserver_port}",
-                ],
+                "apiserver-relay", ["socat", f"UNIX-LISTEN:{path},fork,mode=600", target]
             )
             self._wait(self.relay, path.exists, "apiserver relay")
         return path
 
+    def _relay_to_host(self) -> None:
+        """The host's 127.0.0.1:apiserver_port -> the unix socket -> the apiserver's netns."""
+        sock = self.workdir / "apiserver.sock"
+        listen = f"TCP-LISTEN:{self.apiserver_port},bind=127.0.0.1,reuseaddr,fork"
+        self.host_relay = self._launch(
+            "apiserver-host-relay", ["socat", listen, f"UNIX-CONNECT:{sock}"], host=True
+        )
+
+    # -- scheduler and controller manager (real-node lab) -------------------------------
+    def start_controllers(self) -> None:
+        """kube-scheduler and kube-controller-manager, as on a kubeadm control plane."""
+        kubeconfig = str(self.lab_kubeconfig)
+        common = [
+            f"--kubeconfig={kubeconfig}",
+            f"--authentication-kubeconfig={kubeconfig}",
+            f"--authorization-kubeconfig={kubeconfig}",
+            "--leader-elect=false",
+            "--bind-address=127.0.0.1",
+            "--v=1",
+        ]
+        self.scheduler = self._launch(
+            "kube-scheduler", [str(self.bin_dir / "kube-scheduler"), *common]
+        )
+        pki = self.pki
+        self.controller_manager = self._launch(
+            "kube-controller-manager",
+            [
+                str(self.bin_dir / "kube-controller-manager"),
+                *common,
+                "--use-service-account-credentials=true",
+                f"--service-account-private-key-file={pki / 'sa.key'}",
+                f"--root-ca-file={pki / 'ca.crt'}",
+                f"--cluster-signing-cert-file={pki / 'ca.crt'}",
+                f"--cluster-signing-key-file={pki / 'ca.key'}",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                f"--flex-volume-plugin-dir={self.workdir / 'flexvolume'}",
+                # Node lifecycle at lab speed: a stopped kubelet is NotReady in 20 s.
+                "--node-monitor-grace-period=20s",
+            ],
+        )
+
     # -- helpers ------------------------------------------------------------------------
-    def _launch(self, name: str, argv: list[str]) -> ManagedProcess:
-        proc = ManagedProcess(name, argv, self.workdir / f"{name}.log").start()
+    def _launch(self, name: str, argv: list[str], *, host: bool = False) -> ManagedProcess:
+        netns = None if host else self.netns
+        log_path = self.workdir / f"{name}.log"
+        proc = ManagedProcess(name, argv, log_path, netns=netns, keep_mounts=True).start()
         self.pids.record(proc)
         return proc
 

@@ -34,10 +34,15 @@ class ManagedProcess:
         env: dict[str, str] | None = None,
         netns: str | None = None,
         keep_mounts: bool = False,
+        mountns: Path | None = None,
     ) -> None:
         self.name = name
         self.argv = list(argv)
-        if netns and keep_mounts:
+        if netns and mountns:
+            # A lab node's daemons: its network namespace and its own mount namespace
+            # (per-node /etc/cni/net.d, /var/lib/kubelet, ...; see lab.kubenode).
+            self.argv = ["nsenter", f"--net=/run/netns/{netns}", f"--mount={mountns}", *self.argv]
+        elif netns and keep_mounts:
             # `ip netns exec` remounts /sys (hiding cgroups from runtimes); nsenter
             # enters only the network namespace.
             self.argv = ["nsenter", f"--net=/run/netns/{netns}", *self.argv]
@@ -109,6 +114,18 @@ class PidRegistry:
         data = self._read()
         data.pop(name, None)
         self.path.write_text(json.dumps(data, indent=1))
+
+    def kill(self, name: str) -> bool:
+        """Stop one recorded daemon (started by another process) by its PID."""
+        entry = self._read().get(name)
+        if not entry:
+            return False
+        pid = int(entry.get("pid") or 0)  # type: ignore[call-overload]
+        running = pid > 0 and _runs(pid, str(entry.get("argv", "")))
+        if running:
+            _kill_and_wait(pid)
+        self.forget(name)
+        return running
 
     def kill_leftovers(self) -> list[int]:
         """Kill recorded PIDs that still run the recorded command line; return them."""

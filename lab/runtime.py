@@ -71,11 +71,16 @@ class Containerd:
         cni_bin_dir: Path,
         cni_conf_dir: Path,
         crictl: Path,
+        mountns: Path | None = None,
     ) -> None:
         self.lab, self.node, self.workdir = lab, node, workdir
         self.cni_bin_dir, self.cni_conf_dir, self.crictl_bin = cni_bin_dir, cni_conf_dir, crictl
         self.socket = workdir / "containerd.sock"
         self.cgroup_parent = f"/tabby-{lab.lab_id}-{node.name}"
+        # A kubelet node (lab.kubenode) has its own mount namespace: pod namespaces are
+        # then mounted where a real node has them (/var/run/netns, private to the node)
+        # and the agent's pod sees them through its HostToContainer hostPath.
+        self.mountns = mountns
         self.process: ManagedProcess | None = None
 
     def config_toml(self) -> str:
@@ -100,8 +105,10 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
   sandbox_image = "{PAUSE_IMAGE}"
   stream_server_address = "127.0.0.1"
   stream_server_port = "0"
-  netns_mounts_under_state_dir = true
+  netns_mounts_under_state_dir = {"false" if self.mountns else "true"}
   enable_selinux = false
+  # hugetlb is not mounted as a cgroup v1 hierarchy on this machine.
+  tolerate_missing_hugepages_controller = true
   # This machine cannot lower a process's OOM score below its own (no CAP_SYS_RESOURCE
   # over it); without this, runc fails with "can't get final child's PID from pipe".
   restrict_oom_score_adj = true
@@ -112,6 +119,9 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
       runtime_type = "io.containerd.runc.v2"
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
         SystemdCgroup = false
+        # runc's state per node: its default, /run/containerd/runc, is shared by
+        # every containerd on the machine.
+        Root = "{w / "runc"}"
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "{self.cni_bin_dir}"
     conf_dir = "{self.cni_conf_dir}"
@@ -119,7 +129,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
 """
 
     # -- lifecycle ----------------------------------------------------------------------
-    def start(self, pause_archive: Path) -> Containerd:
+    def start(self, pause_archive: Path, *images: Path) -> Containerd:
         self.workdir.mkdir(parents=True, exist_ok=True)
         config = self.workdir / "config.toml"
         config.write_text(self.config_toml())
@@ -128,16 +138,18 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             self.node,
             ["containerd", "--config", str(config), "--log-level", "warn"],
             keep_mounts=True,
+            mountns=self.mountns,
         )
         deadline = time.monotonic() + START_TIMEOUT_S
         while not self._answers():
             if not self.process.alive() or time.monotonic() > deadline:
                 raise RuntimeError(f"containerd did not start:\n{self.process.log_tail()}")
             time.sleep(0.2)
-        run(
-            ["ctr", "-a", str(self.socket), "-n", "k8s.io", "images", "import", str(pause_archive)],
-            timeout=120,
-        )
+        for archive in (pause_archive, *images):
+            run(
+                ["ctr", "-a", str(self.socket), "-n", "k8s.io", "images", "import", str(archive)],
+                timeout=300,
+            )
         return self
 
     def _answers(self) -> bool:
@@ -156,11 +168,20 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         if self.process is None:
             return
         if self.process.alive():
-            for pod in self.pods():
-                self.crictl("stopp", pod, check=False)
-                self.crictl("rmp", "-f", pod, check=False)
+            self.remove_pods()
         self.process.stop()
         self.process = None
+        self._kill_cgroup_leftovers()
+
+    def remove_pods(self) -> None:
+        """StopPodSandbox + RemovePodSandbox for every pod (CNI DEL runs for each)."""
+        if not self._answers():
+            return
+        for pod in self.pods():
+            self.crictl("stopp", pod, check=False)
+            self.crictl("rmp", "-f", pod, check=False)
+
+    def kill_cgroup_leftovers(self) -> None:
         self._kill_cgroup_leftovers()
 
     def _kill_cgroup_leftovers(self) -> None:

@@ -186,6 +186,7 @@ class Lab:
         *,
         env: dict[str, str] | None = None,
         keep_mounts: bool = False,
+        mountns: Path | None = None,
     ) -> ManagedProcess:
         """Run a daemon inside a node namespace; stopped by PID at teardown."""
         proc = ManagedProcess(
@@ -195,6 +196,7 @@ class Lab:
             netns=node.netns,
             env=env,
             keep_mounts=keep_mounts,
+            mountns=mountns,
         )
         proc.start()
         PidRegistry(self.state_dir / "pids.json").record(proc)
@@ -212,6 +214,10 @@ class Lab:
                 f"UNIX-CONNECT:{socket_path}",
             ],
         )
+
+    def set_owner(self, pid: int) -> None:
+        """The process whose life is the lab's (a crashed run's labs are removed)."""
+        atomic_write(self.state_dir / "owner.pid", str(pid))
 
     def teardown(self) -> None:
         """Stop every process, kill stragglers in our namespaces, delete them."""
@@ -283,6 +289,13 @@ def _owner_alive(lab_id: str) -> bool:
     except (OSError, ValueError):
         return False
     return pid > 0 and Path(f"/proc/{pid}").exists()
+
+
+def live_labs() -> list[str]:
+    """Ids of labs whose owner still runs."""
+    if not STATE_ROOT.is_dir():
+        return []
+    return sorted(p.name for p in STATE_ROOT.iterdir() if _owner_alive(p.name))
 
 
 def cleanup_stale() -> list[str]:

@@ -1,0 +1,366 @@
+"""A real Kubernetes node in the lab: containerd, kubelet and kube-proxy in a node namespace.
+
+A node is the lab node's network namespace plus a mount namespace of its own. In the
+mount namespace the paths a node owns (`/etc/cni/net.d`, `/opt/cni/bin`,
+`/var/lib/kubelet`, `/run/tabby`, `/var/run/netns`, ...) are bind mounts of per-node
+directories, so the DaemonSet's hostPath volumes, the CNI plugin the runtime executes
+and kubelet's own files are per node, while everything else (`/usr`, the Python
+interpreter, `/sys/fs/cgroup`) is the host's. Mounts made inside (kubelet's root-dir
+bind, container root filesystems, pod namespaces) never reach the host's mount table,
+and vanish with the namespace.
+
+Each node has its own cgroup root in every cgroup v1 hierarchy; kubelet creates its
+`kubepods` tree under it. See ../shared/research/kubelet-nodes.md for the recipe and
+the pitfalls each setting answers (P1-P12 there).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from lab.netns import run
+from lab.process import ManagedProcess, PidRegistry
+from lab.runtime import Containerd
+from lab.topology import Lab, Node
+
+log = logging.getLogger(__name__)
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+# Where a node's own files live in its mount namespace (bind mounts of per-node dirs).
+NODE_PATHS = (
+    "/etc/cni/net.d",
+    "/opt/cni/bin",
+    "/var/lib/kubelet",
+    "/var/lib/cni",
+    "/var/log/pods",
+    "/var/log/containers",
+    "/run/tabby",
+    "/run/containerd",
+    "/run/netns",
+    "/lib/modules",
+)
+# CNI plugins a node is provisioned with (kubeadm's kubernetes-cni does the same):
+# the runtime's loopback and what Tabby's conflist chains.
+REFERENCE_PLUGINS = ("loopback", "portmap", "bandwidth", "host-local", "ptp")
+REFERENCE_PLUGIN_DIR = Path("/usr/lib/cni")
+CLUSTER_DOMAIN = "cluster.local"
+READY_TIMEOUT_S = 90.0
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    """What a lab node needs from the cluster: its kubeconfig, pod CIDR, proxy mode."""
+
+    kubeconfig: Path
+    bin_dir: Path
+    cluster_cidr: str
+    proxy_mode: str = "iptables"  # iptables | nftables
+    max_pods: int = 110
+
+
+class MountNamespace:
+    """A persistent mount namespace (a bind-mounted ns file; no process needed)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    @staticmethod
+    def prepare_dir(directory: Path) -> None:
+        """An ns file must live on a private mount: bind the dir onto itself, once."""
+        directory.mkdir(parents=True, exist_ok=True)
+        if not _is_mountpoint(directory):
+            run(["mount", "--bind", str(directory), str(directory)])
+            run(["mount", "--make-private", str(directory)])
+
+    def create(self) -> None:
+        self.path.touch()
+        # slave: the host's later mounts still show inside; the node's never leave it.
+        run(["unshare", f"--mount={self.path}", "--propagation", "slave", "true"])
+
+    def run(self, argv: list[str]) -> str:
+        return run(["nsenter", f"--mount={self.path}", *argv])
+
+    def bind(self, source: Path, target: str, *, shared: bool = False) -> None:
+        self.run(["mount", "--bind", str(source), target])
+        if shared:
+            self.run(["mount", "--make-shared", target])
+
+    def destroy(self) -> None:
+        if _is_mountpoint(self.path):
+            run(["umount", str(self.path)], check=False)
+        self.path.unlink(missing_ok=True)
+
+    @staticmethod
+    def release_dir(directory: Path) -> None:
+        if _is_mountpoint(directory):
+            run(["umount", str(directory)], check=False)
+
+
+def _is_mountpoint(path: Path) -> bool:
+    return subprocess.run(["mountpoint", "-q", str(path)], check=False).returncode == 0
+
+
+class NodeCgroups:
+    """The node's cgroup root in every v1 hierarchy kubelet uses (hybrid layout here)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name.strip("/")
+
+    def hierarchies(self) -> list[Path]:
+        return [
+            h for h in sorted(CGROUP_ROOT.iterdir()) if h.is_dir() and h.name not in ("unified",)
+        ]
+
+    def create(self) -> None:
+        for hierarchy in self.hierarchies():
+            (hierarchy / self.name).mkdir(exist_ok=True)
+        cpuset = CGROUP_ROOT / "cpuset"
+        if cpuset.is_dir():  # a new cpuset cgroup starts empty: no process could run in it
+            for key in ("cpuset.cpus", "cpuset.mems"):
+                (cpuset / self.name / key).write_text((cpuset / key).read_text())
+
+    def kill_leftovers(self) -> list[int]:
+        """Kill, by PID, whatever still runs in the node's pids cgroup tree."""
+        killed = []
+        for procs in (CGROUP_ROOT / "pids" / self.name).glob("**/cgroup.procs"):
+            with contextlib.suppress(OSError):
+                for pid in procs.read_text().split():
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(int(pid), 9)
+                        killed.append(int(pid))
+        return killed
+
+    def remove(self) -> None:
+        for hierarchy in self.hierarchies():
+            root = hierarchy / self.name
+            if not root.is_dir():
+                continue
+            for directory in sorted(root.glob("**/"), key=lambda p: len(p.parts), reverse=True):
+                with contextlib.suppress(OSError):
+                    directory.rmdir()
+
+
+class HostMountpoints:
+    """Empty directories created on the host so a node's bind mounts have a target.
+
+    Only directories that were missing are created, each recorded, and removed at
+    teardown if still empty and no other lab is running (their mount namespaces would
+    lose the bind mount: rmdir detaches mounts in other namespaces).
+    """
+
+    def __init__(self, record: Path) -> None:
+        self.record = record
+
+    def ensure(self, paths: tuple[str, ...]) -> None:
+        created = self._read()
+        for path in paths:
+            missing = []
+            current = Path(path)
+            while not current.exists():
+                missing.append(current)
+                current = current.parent
+            for directory in reversed(missing):
+                directory.mkdir()
+                created.append(str(directory))
+        self.record.write_text(json.dumps(created))
+
+    def _read(self) -> list[str]:
+        try:
+            return list(json.loads(self.record.read_text()))
+        except (OSError, ValueError):
+            return []
+
+    def remove(self, others_running: bool) -> None:
+        if not others_running:
+            for path in sorted(self._read(), key=len, reverse=True):
+                with contextlib.suppress(OSError):
+                    Path(path).rmdir()
+        self.record.unlink(missing_ok=True)
+
+
+class KubeNode:
+    """containerd + kubelet + kube-proxy for one lab node, each started by PID."""
+
+    def __init__(self, lab: Lab, node: Node, workdir: Path, config: NodeConfig) -> None:
+        self.lab, self.node, self.workdir, self.config = lab, node, workdir, config
+        self.mountns = MountNamespace(lab.state_dir / "mntns" / node.name)
+        self.cgroups = NodeCgroups(f"tabby-{lab.lab_id}-{node.name}")
+        self.containerd = Containerd(
+            lab,
+            node,
+            workdir / "containerd",
+            cni_bin_dir=Path("/opt/cni/bin"),
+            cni_conf_dir=Path("/etc/cni/net.d"),
+            crictl=config.bin_dir / "crictl",
+            mountns=self.mountns.path,
+        )
+        self.kubelet: ManagedProcess | None = None
+        self.kube_proxy: ManagedProcess | None = None
+
+    def private_dir(self, path: str) -> Path:
+        """The host-side directory behind one of the node's own paths (NODE_PATHS)."""
+        return self.workdir / "root" / path.strip("/")
+
+    # -- bring-up -----------------------------------------------------------------------
+    def start(self, images: list[Path]) -> KubeNode:
+        self._make_mount_namespace()
+        self.cgroups.create()
+        self._provision_cni_plugins()
+        pause, *rest = images
+        self.containerd.start(pause, *rest)
+        self.kubelet = self._start("kubelet", self._kubelet_argv())
+        self.kube_proxy = self._start("kube-proxy", self._kube_proxy_argv())
+        return self
+
+    def _make_mount_namespace(self) -> None:
+        MountNamespace.prepare_dir(self.mountns.path.parent)
+        self.mountns.create()
+        for path in NODE_PATHS:
+            source = self.private_dir(path)
+            source.mkdir(parents=True, exist_ok=True)
+            # Pod namespaces must propagate into the agent's pod (HostToContainer).
+            self.mountns.bind(source, path, shared=path == "/run/netns")
+
+    def _provision_cni_plugins(self) -> None:
+        bin_dir = self.private_dir("/opt/cni/bin")
+        for name in REFERENCE_PLUGINS:
+            if (REFERENCE_PLUGIN_DIR / name).exists():
+                shutil.copy2(REFERENCE_PLUGIN_DIR / name, bin_dir / name)
+
+    def _start(self, name: str, argv: list[str]) -> ManagedProcess:
+        return self.lab.start_process(
+            f"{name}-{self.node.name}", self.node, argv, mountns=self.mountns.path
+        )
+
+    # -- kubelet ------------------------------------------------------------------------
+    def kubelet_config(self) -> dict[str, object]:
+        return {
+            "apiVersion": "kubelet.config.k8s.io/v1beta1",
+            "kind": "KubeletConfiguration",
+            "failCgroupV1": False,  # this host is cgroup v1 (hybrid)
+            "cgroupDriver": "cgroupfs",
+            "cgroupRoot": f"/{self.cgroups.name}",
+            "cgroupsPerQOS": True,
+            "failSwapOn": False,
+            "containerRuntimeEndpoint": f"unix://{self.containerd.socket}",
+            "volumePluginDir": str(self.workdir / "volume-plugins"),
+            "authentication": {"anonymous": {"enabled": True}, "webhook": {"enabled": False}},
+            "authorization": {"mode": "AlwaysAllow"},
+            "readOnlyPort": 0,
+            "healthzBindAddress": "127.0.0.1",
+            "healthzPort": 10248,
+            "evictionHard": {
+                "nodefs.available": "0%",
+                "nodefs.inodesFree": "0%",
+                "imagefs.available": "0%",
+            },
+            "imageGCHighThresholdPercent": 100,
+            "serializeImagePulls": False,
+            "resolvConf": "/etc/resolv.conf",
+            "clusterDomain": CLUSTER_DOMAIN,
+            "oomScoreAdj": 0,  # this machine will not lower OOM scores (P7)
+            "maxPods": self.config.max_pods,
+            "registerWithTaints": [],
+            "nodeStatusReportFrequency": "10s",
+        }
+
+    def _kubelet_argv(self) -> list[str]:
+        config = self.workdir / "kubelet.yaml"
+        config.write_text(yaml.safe_dump(self.kubelet_config()))
+        return [
+            str(self.config.bin_dir / "kubelet"),
+            f"--config={config}",
+            f"--kubeconfig={self.config.kubeconfig}",
+            "--root-dir=/var/lib/kubelet",
+            f"--cert-dir={self.workdir / 'kubelet-pki'}",
+            f"--hostname-override={self.node.name}",
+            f"--node-ip={self.node.ip}",
+            "--node-labels=tabby.dev/lab=true",
+            "--v=1",
+        ]
+
+    # -- kube-proxy ---------------------------------------------------------------------
+    def kube_proxy_config(self) -> dict[str, object]:
+        return {
+            "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
+            "kind": "KubeProxyConfiguration",
+            "clientConnection": {"kubeconfig": str(self.config.kubeconfig)},
+            "hostnameOverride": self.node.name,
+            "mode": self.config.proxy_mode,
+            "clusterCIDR": self.config.cluster_cidr,
+            "healthzBindAddress": "127.0.0.1:10256",
+            "metricsBindAddress": "127.0.0.1:10249",
+            # Touch no machine-wide conntrack sysctl.
+            "conntrack": {
+                "maxPerCore": 0,
+                "min": 0,
+                "tcpEstablishedTimeout": "0s",
+                "tcpCloseWaitTimeout": "0s",
+            },
+            "iptables": {"minSyncPeriod": "1s"},
+            "nftables": {"minSyncPeriod": "1s"},
+        }
+
+    def _kube_proxy_argv(self) -> list[str]:
+        config = self.workdir / "kube-proxy.yaml"
+        config.write_text(yaml.safe_dump(self.kube_proxy_config()))
+        return [str(self.config.bin_dir / "kube-proxy"), f"--config={config}", "--v=1"]
+
+    # -- teardown -----------------------------------------------------------------------
+    def _stop_daemon(self, name: str, proc: ManagedProcess | None) -> None:
+        """Our own process, or (after `load`) the one the registry recorded."""
+        if proc is not None:
+            proc.stop()
+        PidRegistry(self.lab.state_dir / "pids.json").kill(f"{name}-{self.node.name}")
+
+    def stop_kubelet(self) -> None:
+        self._stop_daemon("kubelet", self.kubelet)
+        self.kubelet = None
+
+    def start_kubelet(self) -> None:
+        """(Re)start kubelet with the config it had (e.g. after a Node was deleted)."""
+        self.kubelet = self._start("kubelet", self._kubelet_argv())
+
+    def stop(self) -> None:
+        """kubelet first (it would recreate sandboxes), then pods, containerd, the rest."""
+        self.stop_kubelet()
+        self.containerd.remove_pods()
+        self._stop_daemon("kube-proxy", self.kube_proxy)
+        self.kube_proxy = None
+        self._stop_daemon("containerd", self.containerd.process)
+        self.containerd.process = None
+        self.cgroups.kill_leftovers()
+        time.sleep(0.2)
+        self.cgroups.remove()
+        self.mountns.destroy()
+
+    def wait_ready(self, kubectl: list[str], timeout: float = READY_TIMEOUT_S) -> None:
+        """Until the Node object reports Ready (needs a CNI config: Tabby installed)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            out = subprocess.run(
+                [*kubectl, "get", "node", self.node.name, "-o", "json"],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            if out.returncode == 0 and _node_ready(json.loads(out.stdout)):
+                return
+            time.sleep(0.5)
+        raise RuntimeError(f"node {self.node.name} not Ready after {timeout:.0f}s")
+
+
+def _node_ready(node: dict[str, object]) -> bool:
+    status = node.get("status")
+    conditions = status.get("conditions", []) if isinstance(status, dict) else []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
