@@ -1,7 +1,11 @@
 """`tabbyctl lab`: a whole Tabby cluster on this machine, in network namespaces.
 
-    tabbyctl lab up [--nodes 3] [--subnets 1] [--bgp mesh|reflectors] [--encap none|vxlan|ipip]
-    tabbyctl lab demo            pods, node status, IPAM, a connectivity matrix, a policy
+    tabbyctl lab up [--nodes 3] [--subnets 1] [--proxy-mode iptables|nftables]
+                                 real nodes: kubelet + containerd + kube-proxy, Tabby
+                                 installed from manifests/ (the default)
+    tabbyctl lab up --no-kubelet [--bgp mesh|reflectors] [--encap none|vxlan|ipip]
+                                 agents only: the lab writes Pods and makes CNI calls
+    tabbyctl lab demo            pods, a Service, node status, IPAM, a matrix, a policy
     tabbyctl lab status
     tabbyctl lab pod create NS/NAME --node node1 [--label k=v]
     tabbyctl lab pod delete NS/NAME
@@ -18,11 +22,13 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import click
 
 from lab.cluster import ClusterSpec, LabCluster
+from lab.kubecluster import KubeCluster, KubeSpec, load_lab, tabby_pods_by_node
 from tabbyctl.output import emit_data, emit_table, fail, output_option
 
 DEFAULT_WORKDIR = Path(os.environ.get("TABBY_LAB_DIR", "/run/tabby-labs/default"))
@@ -50,10 +56,13 @@ DEMO_POLICY = {
 }
 
 
-def _load(workdir: Path) -> LabCluster:
+AnyLab = LabCluster | KubeCluster
+
+
+def _load(workdir: Path) -> AnyLab:
     if not (workdir / "cluster.json").exists():
         fail(f"no lab in {workdir}: run `tabbyctl lab up` first (or pass --workdir)")
-    return LabCluster.load(workdir)
+    return load_lab(workdir)
 
 
 def _pod_key(value: str) -> tuple[str, str]:
@@ -71,27 +80,72 @@ def lab() -> None:
 @lab.command("up")
 @click.option("--nodes", type=click.IntRange(1, 32), default=3, show_default=True)
 @click.option("--subnets", type=click.IntRange(1, 8), default=1, show_default=True)
-@click.option("--bgp", type=click.Choice(["mesh", "reflectors"]), default="mesh", show_default=True)
 @click.option(
-    "--encap", type=click.Choice(["none", "vxlan", "ipip"]), default="none", show_default=True
+    "--kubelet/--no-kubelet",
+    default=True,
+    show_default=True,
+    help="Real nodes (kubelet, containerd, kube-proxy; Tabby from manifests/), or agents only.",
+)
+@click.option(
+    "--proxy-mode",
+    type=click.Choice(["iptables", "nftables"]),
+    default="iptables",
+    show_default=True,
+    help="kube-proxy's mode (real nodes).",
+)
+@click.option(
+    "--bgp",
+    type=click.Choice(["mesh", "reflectors"]),
+    default="mesh",
+    show_default=True,
+    help="Agents only: --no-kubelet.",
+)
+@click.option(
+    "--encap",
+    type=click.Choice(["none", "vxlan", "ipip"]),
+    default="none",
+    show_default=True,
+    help="Agents only: --no-kubelet (real nodes use the manifests' pool: VXLAN CrossSubnet).",
 )
 @workdir_option
-def up(nodes: int, subnets: int, bgp: str, encap: str, workdir: Path) -> None:
-    """Start the control plane, N node namespaces and a tabby-node agent on each."""
+def up(
+    nodes: int,
+    subnets: int,
+    kubelet: bool,
+    proxy_mode: str,
+    bgp: str,
+    encap: str,
+    workdir: Path,
+) -> None:
+    """Start the control plane and N nodes, each with Tabby."""
     if os.geteuid() != 0:
         fail("the lab creates network namespaces: run it as root")
     if subnets > nodes:
         fail(f"--subnets ({subnets}) cannot exceed --nodes ({nodes})")
+    if kubelet and (bgp != "mesh" or encap != "none"):
+        fail("--bgp and --encap apply to --no-kubelet labs; real nodes use manifests/")
     if (workdir / "cluster.json").exists():
         fail(f"a lab already exists in {workdir}: `tabbyctl lab down` first, or use --workdir")
     began = time.monotonic()
-    spec = ClusterSpec(nodes=nodes, subnets=subnets, bgp=bgp, encap=encap)
-    cluster = LabCluster.up(workdir, spec, progress=lambda m: click.echo(f"  - {m}"))
-    click.echo(
-        f"lab up in {time.monotonic() - began:.0f}s: {nodes} nodes, BGP {bgp}, "
-        f"encapsulation {encap}"
-    )
+    progress = _progress(began)
+    cluster: AnyLab
+    if kubelet:
+        kspec = KubeSpec(nodes=nodes, subnets=subnets, proxy_mode=proxy_mode)
+        cluster = KubeCluster.up(workdir, kspec, progress=progress)
+        what = f"{nodes} nodes (kubelet, containerd, kube-proxy {proxy_mode}), Tabby DaemonSet"
+    else:
+        spec = ClusterSpec(nodes=nodes, subnets=subnets, bgp=bgp, encap=encap)
+        cluster = LabCluster.up(workdir, spec, progress=progress)
+        what = f"{nodes} nodes, BGP {bgp}, encapsulation {encap}"
+    click.echo(f"lab up in {time.monotonic() - began:.0f}s: {what}")
     click.echo(f"  export KUBECONFIG={cluster.kubeconfig}")
+
+
+def _progress(began: float) -> Callable[[str], None]:
+    def report(message: str) -> None:
+        click.echo(f"  [{time.monotonic() - began:5.1f}s] {message}")
+
+    return report
 
 
 @lab.command("status")
@@ -100,19 +154,18 @@ def up(nodes: int, subnets: int, bgp: str, encap: str, workdir: Path) -> None:
 def status(workdir: Path, output: str) -> None:
     """Nodes, their agents, and the lab's pods."""
     cluster = _load(workdir)
+    agents = _agent_states(cluster)
     nodes = [
         {
             "name": n.name,
             "netns": n.netns,
             "address": str(n.address),
-            "agent": "running" if _agent_running(cluster, n.name) else "not running",
+            "agent": agents.get(n.name, "not running"),
             "run_dir": str(cluster.run_dir(n.name)),
         }
         for n in cluster.nodes
     ]
-    pods = [
-        {"pod": p.key, "node": p.node, "ip": p.ip, "netns": p.netns} for p in cluster.pods.values()
-    ]
+    pods = [{"pod": p.key, "node": p.node, "ip": p.ip} for p in cluster.pods.values()]
     if output != "table":
         emit_data({"kubeconfig": str(cluster.kubeconfig), "nodes": nodes, "pods": pods}, output)
         return
@@ -123,6 +176,16 @@ def status(workdir: Path, output: str) -> None:
     )
     emit_table("Pods", ["POD", "NODE", "IP"], [[p["pod"], p["node"], p["ip"]] for p in pods])
     click.echo(f"export KUBECONFIG={cluster.kubeconfig}")
+
+
+def _agent_states(cluster: AnyLab) -> dict[str, str]:
+    """Per node: the agent's state (its DaemonSet pod on real nodes, its process else)."""
+    if isinstance(cluster, KubeCluster):
+        return {
+            node: f"{pod['pod']} {'ready' if pod['ready'] else 'not ready'}"
+            for node, pod in tabby_pods_by_node(cluster).items()
+        }
+    return {n.name: "running" for n in cluster.nodes if _agent_running(cluster, n.name)}
 
 
 def _agent_running(cluster: LabCluster, node: str) -> bool:
@@ -142,14 +205,18 @@ def pod() -> None:
 
 @pod.command("create")
 @click.argument("key")
-@click.option("--node", required=True, help="Node to run the pod on, e.g. node1.")
+@click.option(
+    "--node", help="Node to run the pod on, e.g. node1 (real nodes: the scheduler's choice)."
+)
 @click.option("--label", "labels", multiple=True, help="k=v, repeatable.")
 @workdir_option
-def pod_create(key: str, node: str, labels: tuple[str, ...], workdir: Path) -> None:
-    """Create NS/NAME on a node: Pod object, sandbox namespace, CNI ADD."""
+def pod_create(key: str, node: str | None, labels: tuple[str, ...], workdir: Path) -> None:
+    """Create NS/NAME: a real Pod (real nodes), or Pod object + sandbox + CNI ADD."""
     namespace, name = _pod_key(key)
     cluster = _load(workdir)
-    if node not in [n.name for n in cluster.nodes]:
+    if node is None and isinstance(cluster, LabCluster):
+        fail("--node is required for a --no-kubelet lab")
+    if node is not None and node not in [n.name for n in cluster.nodes]:
         fail(f"no node {node!r}; nodes: {', '.join(n.name for n in cluster.nodes)}")
     parsed = {}
     for label in labels:
@@ -157,6 +224,11 @@ def pod_create(key: str, node: str, labels: tuple[str, ...], workdir: Path) -> N
         if not sep or not k:
             fail(f"labels are k=v, got {label!r}")
         parsed[k] = v
+    if isinstance(cluster, KubeCluster):
+        made = cluster.create_pod(namespace, name, node, parsed)
+        click.echo(f"pod {made.key} on {made.node}: {made.ip}")
+        return
+    assert node is not None
     info = cluster.create_pod(namespace, name, node, parsed)
     click.echo(f"pod {info.key} on {info.node}: {info.ip}")
 
@@ -183,7 +255,7 @@ def exec_cmd(key: str, argv: tuple[str, ...], workdir: Path) -> None:
     cluster = _load(workdir)
     if key not in cluster.pods:
         fail(f"no lab pod {key}; see `tabbyctl lab status`")
-    proc = subprocess.run(["ip", "netns", "exec", cluster.pods[key].netns, *argv], check=False)
+    proc = subprocess.run([*cluster.netns_argv(key), *argv], check=False)
     sys.exit(proc.returncode)
 
 
@@ -199,7 +271,7 @@ def down(workdir: Path) -> None:
 
 
 # -- the demo -----------------------------------------------------------------------------
-def _matrix(cluster: LabCluster, title: str) -> None:
+def _matrix(cluster: AnyLab, title: str) -> None:
     keys = sorted(cluster.pods)
     rows = []
     for src in keys:
@@ -221,7 +293,12 @@ def demo(workdir: Path) -> None:
     cluster = _load(workdir)
     tabbyctl = [sys.executable, "-m", "tabbyctl.main", "--kubeconfig", str(cluster.kubeconfig)]
     nodes = [n.name for n in cluster.nodes]
-    click.echo("Creating demo pods through the CNI path ...")
+    real = isinstance(cluster, KubeCluster)
+    if isinstance(cluster, KubeCluster):
+        _show(cluster, "get", "nodes", "-o", "wide")
+        _show(cluster, "-n", TABBY_NAMESPACE, "get", "ds", "tabby-node")
+    how = "as real Pods (scheduler, kubelet, CRI, Tabby)" if real else "through the CNI path"
+    click.echo(f"\nCreating demo pods {how} ...")
     for i, node in enumerate(nodes):
         if f"demo/web-{i + 1}" not in cluster.pods:
             cluster.create_pod("demo", f"web-{i + 1}", node, {"app": "web"})
@@ -229,6 +306,9 @@ def demo(workdir: Path) -> None:
         cluster.create_pod("demo", "client", nodes[-1], {"role": "client"})
     if "other/intruder" not in cluster.pods:
         cluster.create_pod("other", "intruder", nodes[0], {"role": "intruder"})
+    if isinstance(cluster, KubeCluster):
+        _show(cluster, "get", "pods", "-A", "-o", "wide")
+        _service_demo(cluster, "before any NetworkPolicy")
     time.sleep(2)  # let BGP carry the new blocks
     for node in nodes:
         click.echo(f"\n$ tabbyctl node status   # on {node}")
@@ -244,6 +324,8 @@ def demo(workdir: Path) -> None:
     cluster.apply_policy(DEMO_POLICY)
     time.sleep(2)
     _matrix(cluster, "Connectivity with the policy")
+    if isinstance(cluster, KubeCluster):
+        _service_demo(cluster, "with the policy")
     click.echo(f"""
 Try next:
   export KUBECONFIG={cluster.kubeconfig}
@@ -252,3 +334,41 @@ Try next:
   tabbyctl lab pod create demo/web-new --node {nodes[0]} --label app=web
   tabbyctl ipam check
   tabbyctl lab down""")
+
+
+TABBY_NAMESPACE = "tabby-system"
+SERVICE = {
+    "apiVersion": "v1",
+    "kind": "Service",
+    "metadata": {"name": "web", "namespace": "demo"},
+    "spec": {"selector": {"app": "web"}, "ports": [{"port": 80, "targetPort": 8080}]},
+}
+
+
+def _show(cluster: KubeCluster, *args: str) -> None:
+    click.echo(f"\n$ kubectl {' '.join(args)}")
+    click.echo(cluster.kubectl(*args, check=False).rstrip())
+
+
+def _service_demo(cluster: KubeCluster, when: str, requests: int = 6) -> None:
+    """The ClusterIP Service demo/web, reached through kube-proxy from two pods."""
+    import json
+
+    cluster.kubectl("apply", "-f", "-", stdin=json.dumps(SERVICE))
+    service = json.loads(cluster.kubectl("-n", "demo", "get", "svc", "web", "-o", "json"))
+    address = service["spec"]["clusterIP"]
+    rows = []
+    for source in ("demo/client", "other/intruder"):
+        answers = []
+        for _ in range(requests):
+            proc = cluster.exec(
+                source, ["curl", "-s", "-m", "2", f"http://{address}/hostname"], timeout=10
+            )
+            answers.append(proc.stdout.strip() if proc.returncode == 0 else "no answer")
+        counts = {a: answers.count(a) for a in sorted(set(answers))}
+        rows.append([source, ", ".join(f"{a} x{n}" for a, n in counts.items())])
+    emit_table(
+        f"Service demo/web ({address}:80, kube-proxy) {when}: {requests} requests each",
+        ["FROM", "ANSWERED BY"],
+        rows,
+    )
