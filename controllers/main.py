@@ -13,12 +13,15 @@ import argparse
 import logging
 import os
 import signal
+import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
 from datastore.client import Datastore
+from datastore.errors import NotConfigured
+from datastore.incluster import choose_kubeconfig
 from felix import logs
 from ipam.gc import DEFAULT_GRACE_S, GCResult, IPAMGarbageCollector
 
@@ -30,7 +33,9 @@ DEFAULT_INTERVAL_S = DEFAULT_GRACE_S / 2
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     env = os.environ.get
     parser = argparse.ArgumentParser(prog="tabby-controllers", description=__doc__.splitlines()[0])
-    parser.add_argument("--kubeconfig", default=env("KUBECONFIG"), help="default: $KUBECONFIG")
+    parser.add_argument(
+        "--kubeconfig", help="default: $KUBECONFIG, else the pod's ServiceAccount (in-cluster)"
+    )
     parser.add_argument(
         "--gc-grace-seconds",
         type=_positive,
@@ -52,8 +57,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--once", action="store_true", help="run one pass and exit (1 on failure)")
     parser.add_argument("--log-level", default=env("TABBY_LOG_LEVEL", "info"))
     args = parser.parse_args(argv)
-    if not args.kubeconfig:
-        parser.error("no kubeconfig: pass --kubeconfig or set KUBECONFIG")
+    try:
+        args.kubeconfig = choose_kubeconfig(args.kubeconfig)  # None: in-cluster
+    except NotConfigured as exc:
+        parser.error(str(exc))
     return args
 
 
@@ -92,9 +99,12 @@ def run_pass(gc: IPAMGarbageCollector, heartbeat: Path | None) -> GCResult | Non
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     logs.configure(args.log_level)
-    gc = IPAMGarbageCollector(
-        Datastore.from_kubeconfig(args.kubeconfig), grace=args.gc_grace_seconds
-    )
+    try:
+        datastore = Datastore.connect(args.kubeconfig)
+    except NotConfigured as exc:
+        print(f"tabby-controllers: error: {exc}", file=sys.stderr)
+        return 2
+    gc = IPAMGarbageCollector(datastore, grace=args.gc_grace_seconds)
     if args.once:
         return 0 if run_pass(gc, args.heartbeat_file) is not None else 1
     stop = threading.Event()

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any, TypeVar
 
 from datastore import kinds
@@ -37,6 +38,18 @@ class Datastore:
     @classmethod
     def from_kubeconfig(cls, path: str) -> Datastore:
         return cls(HttpTransport.from_kubeconfig(path))
+
+    @classmethod
+    def in_cluster(
+        cls, directory: Path | None = None, environ: Mapping[str, str] | None = None
+    ) -> Datastore:
+        """As the pod's ServiceAccount (see HttpTransport.in_cluster)."""
+        return cls(HttpTransport.in_cluster(directory, environ))
+
+    @classmethod
+    def connect(cls, kubeconfig: str | None) -> Datastore:
+        """A kubeconfig's cluster, or in-cluster for None (incluster.choose_kubeconfig's answer)."""
+        return cls.from_kubeconfig(kubeconfig) if kubeconfig else cls.in_cluster()
 
     # -- raw access, any kind ------------------------------------------------------------
     def get_raw(self, kind: kinds.ResourceKind, name: str, namespace: str | None = None) -> Body:

@@ -36,8 +36,27 @@ class Unavailable(DatastoreError):
     """The apiserver could not be reached or answered 5xx; worth retrying later."""
 
 
+class Unauthorized(DatastoreError):
+    """The apiserver did not accept the credentials (401): a bad, expired or revoked token."""
+
+
+class Forbidden(DatastoreError):
+    """Authenticated, but RBAC (or an admission policy) refused the request (403)."""
+
+
+class NotConfigured(DatastoreError):
+    """No cluster to talk to: no kubeconfig and no in-cluster ServiceAccount.
+
+    The message names what was looked for, so the person starting the program can fix it.
+    """
+
+
 def error_for(status: int, reason: str, message: str) -> DatastoreError:
     """Pick the error class for an apiserver Status."""
+    if status == 401:
+        return Unauthorized(message, status, reason)
+    if status == 403:
+        return Forbidden(message, status, reason)
     if status == 404:
         return NotFound(message, status, reason)
     if status == 409:

@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -37,7 +38,8 @@ from bgp.kernel import iproute_factory
 from bgp.speaker import SpeakerOptions, default_status_path
 from datastore import kinds
 from datastore.client import Datastore
-from datastore.errors import DatastoreError, NotFound
+from datastore.errors import DatastoreError, NotConfigured, NotFound
+from datastore.incluster import choose_kubeconfig
 from datastore.informer import Handlers, Informer
 from datastore.models import BGPConfiguration, BGPPeer, BlockAffinity, IPAMBlock, IPPool
 from felix import logs
@@ -92,7 +94,7 @@ class AgentConfig:
     """Everything the agent needs to know about where it runs."""
 
     node_name: str
-    kubeconfig: str
+    kubeconfig: str | None  # None: the pod's in-cluster ServiceAccount
     run_dir: Path = Path("/run/tabby")
     health_host: str = "127.0.0.1"
     health_port: int = 9099
@@ -767,7 +769,10 @@ def _endpoint_to_host_action(value: str) -> str:
 def parse_args(argv: list[str] | None = None) -> AgentConfig:
     parser = argparse.ArgumentParser(prog="tabby-node", description=__doc__.split("\n")[0])
     parser.add_argument("--node-name", default=os.environ.get("NODENAME"), required=False)
-    parser.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG", ""))
+    parser.add_argument(
+        "--kubeconfig",
+        help="default: $KUBECONFIG, else the pod's ServiceAccount (in-cluster)",
+    )
     parser.add_argument("--run-dir", default=os.environ.get("TABBY_RUN_DIR", "/run/tabby"))
     parser.add_argument("--health-port", type=int, default=9099)
     parser.add_argument("--mtu", type=int, default=1500)
@@ -798,11 +803,13 @@ def parse_args(argv: list[str] | None = None) -> AgentConfig:
     opts = parser.parse_args(argv)
     if not opts.node_name:
         parser.error("--node-name (or $NODENAME) is required")
-    if not opts.kubeconfig:
-        parser.error("--kubeconfig (or $KUBECONFIG) is required")
+    try:
+        kubeconfig = choose_kubeconfig(opts.kubeconfig)
+    except NotConfigured as exc:
+        parser.error(str(exc))
     return AgentConfig(
         node_name=opts.node_name,
-        kubeconfig=opts.kubeconfig,
+        kubeconfig=kubeconfig,
         run_dir=Path(opts.run_dir),
         health_port=opts.health_port,
         mtu=opts.mtu,
@@ -819,7 +826,12 @@ def parse_args(argv: list[str] | None = None) -> AgentConfig:
 def main(argv: list[str] | None = None) -> int:
     config = parse_args(argv)
     logs.configure(config.log_level, node=config.node_name)
-    return Agent(config, Datastore.from_kubeconfig(config.kubeconfig)).run()
+    try:
+        datastore = Datastore.connect(config.kubeconfig)
+    except NotConfigured as exc:
+        print(f"tabby-node: error: {exc}", file=sys.stderr)
+        return 2
+    return Agent(config, datastore).run()
 
 
 if __name__ == "__main__":

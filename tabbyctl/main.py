@@ -13,6 +13,8 @@ import os
 import click
 
 from datastore.client import Datastore
+from datastore.errors import NotConfigured
+from datastore.incluster import choose_kubeconfig
 from tabbyctl.output import CliError
 
 DEFAULT_KUBECONFIG = os.path.expanduser("~/.kube/config")
@@ -30,34 +32,37 @@ SUBCOMMANDS: dict[str, str] = {
 
 
 class Context:
-    """Shared state for subcommands: where the datastore is."""
+    """Shared state for subcommands: where the datastore is.
 
-    def __init__(self, kubeconfig: str) -> None:
+    kubeconfig is the --kubeconfig flag; None chooses as kubectl does ($KUBECONFIG,
+    ~/.kube/config, then the pod's ServiceAccount), when a subcommand first needs it.
+    """
+
+    def __init__(self, kubeconfig: str | None = None) -> None:
         self.kubeconfig = kubeconfig
         self._datastore: Datastore | None = None
 
     @property
     def datastore(self) -> Datastore:
         if self._datastore is None:
-            if not os.path.exists(self.kubeconfig):
-                raise CliError(
-                    f"kubeconfig {self.kubeconfig} not found: pass --kubeconfig or set KUBECONFIG"
-                )
-            self._datastore = Datastore.from_kubeconfig(self.kubeconfig)
+            try:
+                chosen = choose_kubeconfig(self.kubeconfig, home_default=DEFAULT_KUBECONFIG)
+                self._datastore = Datastore.connect(chosen)
+            except NotConfigured as exc:
+                raise CliError(str(exc)) from None
         return self._datastore
 
 
 @click.group()
 @click.option(
     "--kubeconfig",
-    envvar="KUBECONFIG",
-    default=DEFAULT_KUBECONFIG,
-    show_default=True,
-    help="Kubeconfig of the cluster (the lab writes one: see `tabbyctl lab status`).",
+    default=None,
+    help="Kubeconfig of the cluster (the lab writes one: see `tabbyctl lab status`). "
+    "Default: $KUBECONFIG, then ~/.kube/config, then the pod's ServiceAccount.",
 )
 @click.option("-v", "--verbose", is_flag=True, help="Debug logging on stderr.")
 @click.pass_context
-def cli(ctx: click.Context, kubeconfig: str, verbose: bool) -> None:
+def cli(ctx: click.Context, kubeconfig: str | None, verbose: bool) -> None:
     """Inspect and operate Tabby: routed pod networking for Kubernetes."""
     logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING)
     if ctx.obj is None:  # tests pass a Context of their own

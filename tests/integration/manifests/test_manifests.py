@@ -21,13 +21,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from controllers import main as gc_main
+from datastore import incluster
 from datastore.client import Datastore
 from datastore.models import BlockAffinity, IPAMBlock
 from ipam.allocator import IPAMAllocator
 from lab.controlplane import ControlPlane
+from tests.unit.datastore.serviceaccount_mount import Mount
 
 pytestmark = pytest.mark.integration
 
@@ -408,30 +409,29 @@ def test_rules_review_grants_exactly_the_table(kubectl: Kubectl, account: str) -
     assert granted == expected
 
 
-def _token_kubeconfig(
+def _service_account_mount(
     kubectl: Kubectl, control_plane: ControlPlane, tmp_path: Path, account: str
-) -> Path:
-    """A kubeconfig like the one the pods' start-up scripts write: the CA and a
-    tokenFile holding a bound token of the account."""
+) -> tuple[Path, dict[str, str]]:
+    """What kubelet gives a pod of the account: the ServiceAccount volume (a bound token
+    and the cluster CA) and the service variables, here pointing at the loopback port."""
     token = kubectl.ok("create", "token", account, "-n", NAMESPACE, "--duration=10m").strip()
-    (tmp_path / "token").write_text(token)
-    config = yaml.safe_load(control_plane.kubeconfig.read_text())
-    config["users"] = [{"name": account, "user": {"tokenFile": str(tmp_path / "token")}}]
-    config["contexts"][0]["context"]["user"] = account
-    path = tmp_path / "kubeconfig"
-    path.write_text(yaml.safe_dump(config))
-    return path
+    ca = (control_plane.pki / "ca.crt").read_text()
+    mount = Mount(tmp_path / "serviceaccount", token=token, ca_pem=ca)
+    environ = {
+        "KUBERNETES_SERVICE_HOST": "127.0.0.1",
+        "KUBERNETES_SERVICE_PORT": str(control_plane.apiserver_port),
+    }
+    return mount.root, environ
 
 
 def test_node_account_token_allocates_and_releases_an_address(
     kubectl: Kubectl, control_plane: ControlPlane, tmp_path: Path
 ) -> None:
-    """tabby-node's IPAM as it runs in the DaemonSet: a kubeconfig with the CA and a
-    tokenFile (what the pod's start-up script writes), a bound ServiceAccount token,
-    and only the RBAC this module applied."""
-    kubeconfig = _token_kubeconfig(kubectl, control_plane, tmp_path, NODE)
+    """tabby-node's IPAM as it runs in the DaemonSet: in-cluster configuration from the
+    ServiceAccount mount (a bound token, the CA), and only the RBAC this module applied."""
+    mount, environ = _service_account_mount(kubectl, control_plane, tmp_path, NODE)
     node = "token-test-node"
-    allocator = IPAMAllocator(Datastore.from_kubeconfig(str(kubeconfig)), node)
+    allocator = IPAMAllocator(Datastore.in_cluster(mount, environ), node)
     try:
         [address] = allocator.auto_assign(
             "k8s-pod-network.token-test", {"namespace": "default", "pod": "p"}
@@ -448,11 +448,12 @@ def test_node_account_token_allocates_and_releases_an_address(
 
 
 def test_controllers_account_token_cleans_a_deleted_nodes_blocks(
-    kubectl: Kubectl, control_plane: ControlPlane, tmp_path: Path
+    kubectl: Kubectl, control_plane: ControlPlane, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """tabby-controllers' GC as its own account: one pass reads every IPAM kind, nodes
-    and pods, and deletes the (empty) block and the affinity of a node that no longer
-    exists."""
+    """tabby-controllers' GC as its own account, started as the Deployment starts it (no
+    kubeconfig: the pod's environment and ServiceAccount mount): one pass reads every
+    IPAM kind, nodes and pods, and deletes the (empty) block and the affinity of a node
+    that no longer exists."""
     live, gone = "gc-live-node", "gc-gone-node"
     node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": live}}
     kubectl.ok("create", "-f", "-", stdin=json.dumps(node))
@@ -463,10 +464,13 @@ def test_controllers_account_token_cleans_a_deleted_nodes_blocks(
         allocator.release_by_handle("k8s-pod-network.gc-gone")  # its pods went with it
         allocator.close()
         assert any(a.spec.node == gone for a in admin.list(BlockAffinity))
-        kubeconfig = _token_kubeconfig(kubectl, control_plane, tmp_path, CONTROLLERS)
+        mount, environ = _service_account_mount(kubectl, control_plane, tmp_path, CONTROLLERS)
+        monkeypatch.setattr(incluster, "SERVICE_ACCOUNT_DIR", mount)
+        monkeypatch.delenv("KUBECONFIG", raising=False)
+        for name, value in environ.items():
+            monkeypatch.setenv(name, value)
         heartbeat = tmp_path / "alive"
-        argv = [f"--kubeconfig={kubeconfig}", "--once", f"--heartbeat-file={heartbeat}"]
-        assert gc_main.main(argv) == 0
+        assert gc_main.main(["--once", f"--heartbeat-file={heartbeat}"]) == 0
         assert heartbeat.exists()
         assert not any(a.spec.node == gone for a in admin.list(BlockAffinity))
         assert not any(b.spec.affinity == f"host:{gone}" for b in admin.list(IPAMBlock))

@@ -29,7 +29,7 @@ from tests.integration.manifests.test_manifests import (
     NAMESPACE,
     Kubectl,
     _remove_everything,
-    _token_kubeconfig,
+    _service_account_mount,
 )
 from tests.rbac_table import ACCOUNTS, documented_grants
 
@@ -201,8 +201,8 @@ def test_the_agents_own_patches_pass(
     kubectl: Kubectl, control_plane: ControlPlane, tmp_path: Path
 ) -> None:
     """The agent's patch bodies (felix/agent.py), sent with a tabby-node token."""
-    kubeconfig = _token_kubeconfig(kubectl, control_plane, tmp_path, "tabby-node")
-    ds = Datastore.from_kubeconfig(str(kubeconfig))
+    mount, environ = _service_account_mount(kubectl, control_plane, tmp_path, "tabby-node")
+    ds = Datastore.in_cluster(mount, environ)
     pod_ip = {ANNOTATION_POD_IP: "10.244.0.7/32", ANNOTATION_CONTAINER_ID: "c0ffee"}
     ds.patch_raw(kinds.POD, "annotated", {"metadata": {"annotations": pod_ip}}, "default")
     ds.patch_raw(

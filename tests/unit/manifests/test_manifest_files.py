@@ -23,9 +23,11 @@ import yaml
 from click.testing import CliRunner
 
 from controllers import main as gc_main
+from datastore import incluster
 from datastore.client import Datastore
 from datastore.memory import MemoryTransport
 from datastore.models import IPPool
+from datastore.transport import HttpTransport
 from felix import agent
 from ipam.pools import validate_pool
 from tabbyctl.main import cli
@@ -406,6 +408,24 @@ def _stub(directory: Path, name: str, body: str) -> None:
     path.chmod(0o755)
 
 
+KUBELET_ENV = {"KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "443"}
+
+
+@pytest.fixture
+def in_pod(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """This process as a pod sees itself: kubelet's service variables, the ServiceAccount
+    mount (here under tmp_path), and no kubeconfig anywhere."""
+    sa = tmp_path / "serviceaccount"
+    sa.mkdir()
+    (sa / "token").write_text("token-of-the-pod\n")
+    (sa / "ca.crt").write_text("not read until a connection is made\n")
+    monkeypatch.setattr(incluster, "SERVICE_ACCOUNT_DIR", sa)
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    for name, value in KUBELET_ENV.items():
+        monkeypatch.setenv(name, value)
+    return sa
+
+
 def _run_script(
     container: dict[str, Any], config: dict[str, str], tmp_path: Path, extra_env: dict[str, str]
 ) -> subprocess.CompletedProcess[str]:
@@ -414,9 +434,8 @@ def _run_script(
     [script] = container["args"]
     env = env_of(container, config)
     env.update(extra_env)
-    env["KUBECONFIG"] = str(tmp_path / "kubeconfig")
     env["PATH"] = f"{tmp_path / 'bin'}:/usr/bin:/bin"
-    env.update(KUBERNETES_SERVICE_HOST="10.96.0.1", KUBERNETES_SERVICE_PORT="443")
+    env.update(KUBELET_ENV)
     return subprocess.run(
         ["/bin/sh", "-c", expand(script, env)],
         env=env,
@@ -424,20 +443,24 @@ def _run_script(
         text=True,
         timeout=30,
         check=False,
+        cwd=tmp_path,
     )
 
 
-def _check_kubeconfig(path: Path, user: str) -> None:
-    kubeconfig = yaml.safe_load(path.read_text())
-    sa = "/var/run/secrets/kubernetes.io/serviceaccount"
-    [cluster] = kubeconfig["clusters"]
-    assert cluster["cluster"] == {
-        "server": "https://10.96.0.1:443",
-        "certificate-authority": f"{sa}/ca.crt",
-    }
-    [entry] = kubeconfig["users"]
-    assert entry == {"name": user, "user": {"tokenFile": f"{sa}/token"}}
-    assert kubeconfig["current-context"] == kubeconfig["contexts"][0]["name"]
+def test_workloads_reach_the_apiserver_as_their_service_account(
+    daemonset: dict[str, Any], deployment: dict[str, Any]
+) -> None:
+    """No kubeconfig is written or pointed to: the programs read the ServiceAccount mount
+    kubelet gives every pod (in-cluster configuration)."""
+    for workload in (daemonset, deployment):
+        spec = pod_spec(workload)
+        assert spec.get("automountServiceAccountToken", True) is True
+        for container in spec["containers"]:
+            assert "KUBECONFIG" not in {e["name"] for e in container.get("env", [])}
+            mounts = [m["mountPath"] for m in container.get("volumeMounts", [])]
+            assert not [m for m in mounts if m.startswith("/var/run/secrets")], mounts
+            command = " ".join(container["command"] + container.get("args", []))
+            assert "kubeconfig" not in command.lower()
 
 
 @pytest.mark.parametrize(
@@ -457,6 +480,7 @@ def test_node_start_script_gives_the_agent_valid_flags(
     config: dict[str, str],
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
+    in_pod: Path,
     ip_output: str,
     node_ip: str,
 ) -> None:
@@ -469,10 +493,9 @@ def test_node_start_script_gives_the_agent_valid_flags(
     )
     assert result.returncode == 0, result.stderr
     argv = (tmp_path / "argv").read_text().splitlines()
-    _check_kubeconfig(tmp_path / "kubeconfig", "tabby-node")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["argv", "bin", "serviceaccount"]
     # The agent's own parser accepts exactly these flags with this environment.
     monkeypatch.setenv("NODENAME", "kind-worker")
-    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "kubeconfig"))
     monkeypatch.setenv("TABBY_RUN_DIR", "/run/tabby")
     parsed = agent.parse_args(argv)
     assert parsed.node_name == "kind-worker"
@@ -482,6 +505,11 @@ def test_node_start_script_gives_the_agent_valid_flags(
     assert parsed.resync_interval_s == float(config["resync_interval"])
     assert parsed.run_dir == Path("/run/tabby")
     assert parsed.cni_socket == Path("/run/tabby/cni.sock")
+    assert parsed.kubeconfig is None  # in-cluster
+    transport = Datastore.connect(parsed.kubeconfig).transport
+    assert isinstance(transport, HttpTransport)
+    assert transport.host == "https://10.96.0.1:443"
+    assert transport._auth_headers()["Authorization"] == "Bearer token-of-the-pod"
 
 
 def test_controllers_run_ipam_gc_passes(
@@ -489,29 +517,33 @@ def test_controllers_run_ipam_gc_passes(
     config: dict[str, str],
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
+    in_pod: Path,
 ) -> None:
-    """The Deployment's script writes the kubeconfig and execs tabby-controllers, which
-    (with the Deployment's environment) runs GC passes at the interval and touches the
-    liveness file."""
-    (tmp_path / "bin").mkdir()
-    _stub(tmp_path / "bin", "tabby-controllers", f'echo "ran with [$*]" > {tmp_path}/ran\n')
+    """The Deployment runs tabby-controllers itself, which (with the Deployment's
+    environment, in a pod) opens the in-cluster datastore, runs GC passes at the
+    interval and touches the liveness file."""
     [main] = pod_spec(deployment)["containers"]
-    result = _run_script(main, config, tmp_path, {})
-    assert result.returncode == 0, result.stderr
-    _check_kubeconfig(tmp_path / "kubeconfig", "tabby-controllers")
-    assert (tmp_path / "ran").read_text() == "ran with []\n"
+    assert main["command"] == ["tabby-controllers"]
+    scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts["tabby-controllers"] == "controllers.main:main"
+    assert "args" not in main
 
     env = env_of(main, config)
     heartbeat = tmp_path / "alive"
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "kubeconfig"))
     monkeypatch.setenv("HEARTBEAT_FILE", str(heartbeat))
     ds = Datastore(MemoryTransport())
-    opened = []
-    monkeypatch.setattr(
-        Datastore, "from_kubeconfig", classmethod(lambda cls, p: opened.append(p) or ds)
-    )
+    real_in_cluster = Datastore.in_cluster
+    opened: list[str] = []
+
+    def in_cluster(cls: type[Datastore], *args: Any) -> Datastore:
+        transport = real_in_cluster(*args).transport
+        assert isinstance(transport, HttpTransport)
+        opened.append(transport.host)
+        return ds  # the real one, but over memory: no apiserver here
+
+    monkeypatch.setattr(Datastore, "in_cluster", classmethod(in_cluster))
     waits: list[float | None] = []
 
     def wait_then_stop(self: threading.Event, timeout: float | None = None) -> bool:
@@ -521,12 +553,15 @@ def test_controllers_run_ipam_gc_passes(
 
     monkeypatch.setattr(threading.Event, "wait", wait_then_stop)
     assert gc_main.main([]) == 0
-    assert opened == [str(tmp_path / "kubeconfig")]
+    assert opened == ["https://10.96.0.1:443"]
     assert waits == [float(env["GC_INTERVAL_SECONDS"])]
     assert heartbeat.exists(), "a successful pass touches the liveness file"
     probe = main["livenessProbe"]["exec"]["command"]
     assert env["HEARTBEAT_FILE"] in probe[-1]
     assert float(env["GC_GRACE_SECONDS"]) == 900.0
+    mounts = {m["mountPath"]: m["name"] for m in main["volumeMounts"]}
+    assert mounts[str(Path(env["HEARTBEAT_FILE"]).parent)] == "scratch"
+    assert main["securityContext"]["readOnlyRootFilesystem"] is True
 
 
 def test_controllers_deployment_shape(deployment: dict[str, Any]) -> None:
