@@ -73,7 +73,7 @@ def choose_kubeconfig(
     raise NotConfigured(
         "no kubeconfig and not in a cluster: "
         + ", ".join(looked)
-        + "; and for the in-cluster ServiceAccount "
+        + "; in-cluster ServiceAccount: "
         + ", ".join(problems)
     )
 
