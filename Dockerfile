@@ -5,6 +5,26 @@
 #
 # The tag must match the manifests (image: tabby:0.1.0), or set it with
 # `kustomize edit set image tabby=<registry>/tabby:<tag>`.
+#
+# lab/images.py builds the equivalent image with no Docker daemon for the lab's
+# nodes: the same Debian packages and Python dependencies, but Debian bookworm's
+# own python3 (3.11, from mmdebstrap) with a venv at /opt/tabby instead of this
+# python.org build in /usr/local. Either way the interpreter and the console
+# scripts share one bin/ directory, which bgp.speaker relies on (it runs the
+# `exabgp` found beside sys.executable). The lab writes Tabby's own layer itself
+# (files, bytecode, dist-info, scripts) rather than running `pip install .`, so a
+# code change rebuilds in seconds. Keep the two in step.
+
+# python-iptables is an sdist with a C extension: its wheel (and the others) are
+# built here, with a compiler the final image does not carry.
+FROM python:3.11-slim AS wheels
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && rm -rf /var/lib/apt/lists/*
+COPY pyproject.toml /src/
+RUN python -c 'import tomllib; print("\n".join(tomllib.load(open("/src/pyproject.toml", "rb"))["project"]["dependencies"]))' > /src/requirements.txt \
+    && pip wheel --no-cache-dir --wheel-dir /wheels -r /src/requirements.txt
+
 FROM python:3.11-slim
 
 # What the agent drives on the node: iptables (nft and legacy front ends,
@@ -29,8 +49,12 @@ COPY cni/ cni/
 COPY datastore/ datastore/
 COPY tabbyctl/ tabbyctl/
 COPY lab/ lab/
-RUN pip install --no-cache-dir . \
-    && rm -rf /src
+# kubernetes/aio is a second (asyncio) copy of the whole client, which Tabby does
+# not use: left out, as in lab/images.py (PRUNED).
+# (The wheels are bind-mounted, BuildKit's RUN --mount: they stay out of the layers.)
+RUN --mount=type=bind,from=wheels,source=/wheels,target=/wheels \
+    pip install --no-cache-dir --find-links /wheels . \
+    && rm -rf /src /usr/local/lib/python3.11/site-packages/kubernetes/aio
 
 WORKDIR /
 ENTRYPOINT ["tabby-node"]
