@@ -144,6 +144,13 @@ def test_tabby_image_holds_what_the_daemonset_and_controllers_run(
     script = "ip -o -4 addr show | awk '{print $2; exit}'; find /etc/hostname -mmin +30"
     assert _exec(runtime, node, "/bin/sh", "-c", script).split()[0] == "lo"
 
+    # The install-cni init container's command, as the DaemonSet runs it.
+    install = "tabbyctl cni install --bin-dir=/host/bin --conf-dir=/host/net.d --mtu=1440"
+    _exec(runtime, node, "/bin/sh", "-c", f"{install} --python=/usr/bin/python3")
+    launcher = _exec(runtime, node, "head", "-1", "/host/bin/tabby")
+    assert launcher.strip() == "#!/usr/bin/python3 -IS"
+    assert '"mtu": 1440' in _exec(runtime, node, "cat", "/host/net.d/10-tabby.conflist")
+
     # The controllers' securityContext: nobody, read-only root; bytecode is in the image.
     ctl = _container(
         runtime, pod, "controllers", "tabby:0.1.0",
@@ -152,6 +159,8 @@ def test_tabby_image_holds_what_the_daemonset_and_controllers_run(
     )  # fmt: skip
     assert "usage: tabby-controllers" in _exec(runtime, ctl, "tabby-controllers", "--help")
     assert _exec(runtime, ctl, "id", "-u").strip() == "65534"
+    verbose = _exec(runtime, ctl, "python3", "-v", "-c", "import felix.agent")
+    assert f"code object from '{SITE_PACKAGES}/felix/__pycache__/agent.cpython-311.pyc'" in verbose
 
 
 def test_agnhost_image_has_the_upstream_layout_and_shells(
