@@ -117,15 +117,15 @@ install_tabby() {
   k wait --for=condition=Established --timeout=120s -f manifests/crds/
   k apply --server-side -k manifests/
   if [[ $IMAGE != "$DEFAULT_IMAGE" ]]; then
-    k -n tabby-system set image daemonset/tabby-node install-cni="$IMAGE" tabby-node="$IMAGE"
-    k -n tabby-system set image deployment/tabby-controllers ipam-gc="$IMAGE"
+    k -n kube-system set image daemonset/tabby-node install-cni="$IMAGE" tabby-node="$IMAGE"
+    k -n kube-system set image deployment/tabby-controllers ipam-gc="$IMAGE"
   fi
   log "waiting for tabby-node on every node"
-  k -n tabby-system rollout status daemonset/tabby-node --timeout=10m
+  k -n kube-system rollout status daemonset/tabby-node --timeout=10m
   k wait --for=condition=Ready nodes --all --timeout=10m
   # CoreDNS is the first workload on the pod network: if it runs, pods get addresses.
   k -n kube-system rollout status deployment/coredns --timeout=10m
-  k -n tabby-system rollout status deployment/tabby-controllers --timeout=10m
+  k -n kube-system rollout status deployment/tabby-controllers --timeout=10m
   k get pods -A -o wide
 }
 
@@ -166,7 +166,7 @@ run_e2e() {
 export_logs() {
   log "exporting cluster logs to $ARTIFACTS/logs"
   kind export logs "$ARTIFACTS/logs" --name "$CLUSTER" >/dev/null 2>&1 || true
-  k -n tabby-system logs -l app.kubernetes.io/name=tabby-node --all-containers --prefix --tail=-1 \
+  k -n kube-system logs -l app.kubernetes.io/name=tabby-node --all-containers --prefix --tail=-1 \
     >"$ARTIFACTS/tabby-node.log" 2>&1 || true
 }
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 from collections.abc import Iterator
 from ipaddress import IPv4Network
 from pathlib import Path
@@ -34,10 +33,9 @@ pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[3]
 MANIFESTS = REPO / "manifests"
-NAMESPACE = "tabby-system"
+NAMESPACE = "kube-system"
 # Applied one by one, in dependency order; crds/ are already installed by the fixture.
 FILES = (
-    "namespace.yaml",
     "rbac.yaml",
     "configmap.yaml",
     "daemonset.yaml",
@@ -83,26 +81,9 @@ class Kubectl:
 
 
 def _remove_everything(kubectl: Kubectl) -> None:
-    """Delete what the module applied; finalize the namespace by hand (no controller does)."""
-    for name in reversed(FILES[1:]):
-        kubectl.run("delete", "--ignore-not-found", "--wait=false", "-f", str(MANIFESTS / name))
-    found = kubectl.run("get", "namespace", NAMESPACE, "-o", "json")
-    if found.returncode == 0:
-        kubectl.run("delete", "namespace", NAMESPACE, "--wait=false")
-        namespace = json.loads(kubectl.ok("get", "namespace", NAMESPACE, "-o", "json"))
-        namespace["spec"]["finalizers"] = []
-        kubectl.ok(
-            "replace",
-            "--raw",
-            f"/api/v1/namespaces/{NAMESPACE}/finalize",
-            "-f",
-            "-",
-            stdin=json.dumps(namespace),
-        )
-    deadline = time.monotonic() + 30
-    while kubectl.run("get", "namespace", NAMESPACE).returncode == 0:
-        assert time.monotonic() < deadline, f"namespace {NAMESPACE} was not removed"
-        time.sleep(0.2)
+    """Delete what the module applied (kube-system itself is the cluster's and stays)."""
+    for name in reversed(FILES):
+        kubectl.run("delete", "--ignore-not-found", "--wait=true", "-f", str(MANIFESTS / name))
 
 
 @pytest.fixture(scope="module")
@@ -146,12 +127,6 @@ def test_namespaced_objects_are_stored(kubectl: Kubectl) -> None:
         ("DaemonSet", NODE),
         ("Deployment", CONTROLLERS),
     }
-
-
-def test_namespace_admits_privileged_pods(kubectl: Kubectl) -> None:
-    labels = kubectl.get("namespace", NAMESPACE)["metadata"]["labels"]
-    assert labels["pod-security.kubernetes.io/enforce"] == "privileged"
-    assert labels["app.kubernetes.io/part-of"] == "tabby"
 
 
 def test_daemonset_as_stored(kubectl: Kubectl) -> None:
@@ -223,7 +198,6 @@ def test_whole_kustomization_is_accepted_by_the_server(kubectl: Kubectl) -> None
     for expected in (
         "customresourcedefinition.apiextensions.k8s.io/ippools.crd.tabby.dev",
         "customresourcedefinition.apiextensions.k8s.io/bgppeers.crd.tabby.dev",
-        "namespace/tabby-system",
         "daemonset.apps/tabby-node",
         "deployment.apps/tabby-controllers",
         "ippool.crd.tabby.dev/default-ipv4-ippool",

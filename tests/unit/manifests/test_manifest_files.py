@@ -35,7 +35,7 @@ from tests.rbac_table import documented_grants
 
 REPO = Path(__file__).resolve().parents[3]
 MANIFESTS = REPO / "manifests"
-NAMESPACE = "tabby-system"
+NAMESPACE = "kube-system"
 NOT_IN_KUSTOMIZATION = {"kustomization.yaml", "kind-config.yaml"}
 
 
@@ -114,7 +114,6 @@ def test_kustomization_lists_every_manifest_and_every_crd() -> None:
 def test_every_object_is_labelled_and_placed() -> None:
     objects = all_objects()
     assert {o["kind"] for o in objects} >= {
-        "Namespace",
         "ServiceAccount",
         "ClusterRole",
         "ClusterRoleBinding",
