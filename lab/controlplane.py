@@ -169,7 +169,14 @@ class ControlPlane:
         return f"http://127.0.0.1:{self.etcd_port}"
 
     def pids_running(self) -> list[int]:
-        procs = (self.etcd, self.apiserver, self.relay)
+        procs = (
+            self.etcd,
+            self.apiserver,
+            self.relay,
+            self.host_relay,
+            self.scheduler,
+            self.controller_manager,
+        )
         return [p.pid for p in procs if p is not None and p.pid is not None and p.alive()]
 
     def datastore(self) -> Datastore:

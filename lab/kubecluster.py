@@ -190,7 +190,7 @@ class KubeCluster:
         status: dict[str, Any] = {}
         while time.monotonic() < deadline:
             out = self.kubectl(
-                "-n", "tabby-system", "get", "ds", "tabby-node", "-o", "json", check=False
+                "-n", "kube-system", "get", "ds", "tabby-node", "-o", "json", check=False
             )
             if out:
                 status = json.loads(out).get("status", {})
@@ -200,7 +200,24 @@ class KubeCluster:
                 if want == len(self.kube_nodes) and ready and updated:
                     return
             time.sleep(1)
-        raise RuntimeError(f"tabby-node DaemonSet not ready after {timeout:.0f}s: {status}")
+        raise RuntimeError(
+            f"tabby-node DaemonSet not ready after {timeout:.0f}s: {status}\n"
+            + self.agent_diagnostics()
+        )
+
+    def agent_diagnostics(self, lines: int = 25) -> str:
+        """The tabby-node pods' events and last log lines, for an error message."""
+        selector = "app.kubernetes.io/name=tabby-node"
+        ns = ["-n", "kube-system"]
+        described = self.kubectl(*ns, "describe", "pods", "-l", selector, check=False)
+        events = described[described.rfind("Events:") :] if "Events:" in described else ""
+        logs = []
+        for container in ("install-cni", "tabby-node"):
+            out = self.kubectl(
+                *ns, "logs", "-l", selector, "-c", container, f"--tail={lines}", check=False
+            )
+            logs.append(f"--- {container} logs ---\n{out}")
+        return "\n".join([f"--- events ---\n{events}", *logs])
 
     # -- access -------------------------------------------------------------------------
     def node_dir(self, node: str) -> Path:
@@ -226,6 +243,19 @@ class KubeCluster:
             if kube_node.node.name == name:
                 return kube_node
         raise KeyError(name)
+
+    def daemon_pids(self) -> set[int]:
+        """Every process this lab started and runs (for the tests' leftover check)."""
+        procs = [*(self.lab.processes if self.lab else [])]
+        if self.cp is not None:
+            return {*(p.pid for p in procs if p.pid), *self.cp.pids_running()}
+        return {p.pid for p in procs if p.pid}
+
+    def namespaces(self) -> list[str]:
+        return self.lab.namespaces() if self.lab else []
+
+    def state_prefix(self) -> str:
+        return str(self.lab.state_dir) if self.lab else "/nonexistent"
 
     def kubectl_argv(self) -> list[str]:
         return [str(self._bin_dir() / "kubectl"), f"--kubeconfig={self.kubeconfig}"]
@@ -439,7 +469,7 @@ def tabby_pods_by_node(cluster: KubeCluster) -> dict[str, dict[str, Any]]:
     """The tabby-node pod on each node: name, phase, readiness (for `lab status`)."""
     out = cluster.kubectl(
         "-n",
-        "tabby-system",
+        "kube-system",
         "get",
         "pods",
         "-l",

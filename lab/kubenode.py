@@ -30,7 +30,7 @@ import yaml
 
 from lab.netns import run
 from lab.process import ManagedProcess, PidRegistry
-from lab.runtime import Containerd
+from lab.runtime import Containerd, remove_cgroup_tree
 from lab.topology import Lab, Node
 
 log = logging.getLogger(__name__)
@@ -86,6 +86,11 @@ class MountNamespace:
         self.path.touch()
         # slave: the host's later mounts still show inside; the node's never leave it.
         run(["unshare", f"--mount={self.path}", "--propagation", "slave", "true"])
+        # A real node's / is shared (systemd does it): the runtime needs it for
+        # HostToContainer volumes (/var/run/netns resolves through the /var/run
+        # symlink to the root mount). Shared inside this namespace only: its peers
+        # are the node's own copies, the host's mounts are not among them.
+        self.run(["mount", "--make-rshared", "/"])
 
     def run(self, argv: list[str]) -> str:
         return run(["nsenter", f"--mount={self.path}", *argv])
@@ -141,13 +146,7 @@ class NodeCgroups:
         return killed
 
     def remove(self) -> None:
-        for hierarchy in self.hierarchies():
-            root = hierarchy / self.name
-            if not root.is_dir():
-                continue
-            for directory in sorted(root.glob("**/"), key=lambda p: len(p.parts), reverse=True):
-                with contextlib.suppress(OSError):
-                    directory.rmdir()
+        remove_cgroup_tree(self.name)
 
 
 class HostMountpoints:

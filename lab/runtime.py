@@ -172,6 +172,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         self.process.stop()
         self.process = None
         self._kill_cgroup_leftovers()
+        remove_cgroup_tree(self.cgroup_parent)
 
     def remove_pods(self) -> None:
         """StopPodSandbox + RemovePodSandbox for every pod (CNI DEL runs for each)."""
@@ -241,3 +242,16 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
 
     def pods(self) -> list[str]:
         return self.crictl("pods", "-q", check=False).split()
+
+
+def remove_cgroup_tree(name: str) -> None:
+    """rmdir a (process-free) cgroup and its children in every v1 hierarchy, deepest first."""
+    for hierarchy in Path("/sys/fs/cgroup").iterdir():
+        root = hierarchy / name.strip("/")
+        if not root.is_dir():
+            continue
+        for directory in sorted(root.glob("**/"), key=lambda p: len(p.parts), reverse=True):
+            try:
+                directory.rmdir()
+            except OSError:
+                log.debug("cgroup %s not removed (busy)", directory)

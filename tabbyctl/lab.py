@@ -336,7 +336,7 @@ Try next:
   tabbyctl lab down""")
 
 
-TABBY_NAMESPACE = "tabby-system"
+TABBY_NAMESPACE = "kube-system"
 SERVICE = {
     "apiVersion": "v1",
     "kind": "Service",

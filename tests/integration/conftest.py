@@ -105,6 +105,12 @@ def no_leftovers(request: pytest.FixtureRequest) -> Iterator[None]:
             allowed |= {pid, *_children(pid)}
     new_netns = set(list_netns()) - netns_before
     new_mounts = _mounts() - mounts_before
+    if "kube_cluster" in request.fixturenames:
+        # A module's real-node lab outlives each test; its own teardown checks it.
+        lab = request.getfixturevalue("kube_cluster")
+        allowed |= lab.daemon_pids()
+        new_netns -= set(lab.namespaces())
+        new_mounts = {m for m in new_mounts if not m.startswith(lab.state_prefix())}
     if os.environ.get("TABBY_LEFTOVER_CHECK") == "own":
         # Another test session shares this machine (parallel development): judge
         # namespaces by name only for those this process created.
