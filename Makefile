@@ -5,7 +5,7 @@ PYTEST := $(PY) -m pytest
 STAMP := .venv/.installed
 export TABBY_CACHE_DIR ?= $(CURDIR)/.cache
 
-.PHONY: all deps venv build lint test test-unit test-integration demo demo-down clean
+.PHONY: all deps venv build images lint test test-unit test-integration test-nodes demo demo-down clean
 
 all: test
 
@@ -23,6 +23,11 @@ venv: $(STAMP)
 build: deps
 	hack/build-k8s.sh >/dev/null
 
+# The lab nodes' images (pause, agnhost, tabby), no Docker daemon: lab/images.py.
+# `tabbyctl lab up` builds what is missing itself; this only does it ahead of time.
+images: venv build
+	hack/build-images.sh >/dev/null
+
 lint: venv
 	.venv/bin/ruff check .
 	.venv/bin/ruff format --check .
@@ -35,12 +40,17 @@ test-unit: venv
 test-integration: venv build
 	$(PYTEST) tests/integration -q -m integration
 
+# Only the real-node tier (kubelet, containerd, kube-proxy per node; Tabby from
+# manifests/). `make test` runs it too.
+test-nodes: venv images
+	$(PYTEST) tests/integration/nodes -q
+
 # The README's test command: installs what is missing, lints, then runs both tiers.
-test: deps venv build lint
+test: deps venv build images lint
 	$(PYTEST) tests/unit tests/integration -q
 
 # The README's first command: a 3-node lab with pods, BGP and a policy. `make demo-down` ends it.
-demo: deps venv build
+demo: deps venv build images
 	.venv/bin/tabbyctl lab down >/dev/null 2>&1 || true
 	.venv/bin/tabbyctl lab up --nodes 3
 	.venv/bin/tabbyctl lab demo

@@ -370,6 +370,9 @@ class Speaker:
                 "version": STATUS_VERSION,
                 "node": self.core.local.node,
                 "agentPid": os.getpid(),
+                # The agent's PID is in its own PID namespace when it runs in a pod:
+                # tabbyctl on the node finds it by this namespace (tabbyctl.node).
+                "pidNamespace": _pid_namespace(),
                 "speaker": "exabgp",
                 "speakerPid": self.pid,
                 "speakerRunning": self.pid is not None,
@@ -668,3 +671,11 @@ class Speaker:
                 self._last_status = content
             except OSError as err:
                 log.warning("cannot write %s: %s", path, err)
+
+
+def _pid_namespace() -> int | None:
+    """The inode of this process's PID namespace (identifies it machine-wide)."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return None

@@ -59,7 +59,7 @@ from felix.events import post_pod_event
 from felix.health import HealthServer, Readiness
 from felix.loop import ReconcileLoop, backoff_s
 from felix.nat_outgoing import PoolNat
-from felix.pod_members import IPAMOwners
+from felix.pod_members import IPAMOwners, holds_address
 from felix.policy_dataplane import (
     DEFAULT_ENDPOINT_TO_HOST_ACTION,
     PolicyDataplane,
@@ -76,6 +76,7 @@ from felix.tunnels import (
 )
 from felix.wiring import host_ifname_for
 from ipam.allocator import AGENT_PRECLAIM_BELOW, IPAMAllocator
+from ipam.pools import tunnel_handle_id
 from ipam.selector import SelectorError, parse_selector
 from policy import Pod as PolicyPod
 from policy import PolicyError, parse_namespace, parse_policy
@@ -428,6 +429,9 @@ class Agent:
             if self.policy is not None:
                 self._sync_policy(resync)
             self._best_effort(self._sync_tunnels, "tunnels")
+            # Every pass, from the cache (a patch only on a difference): a Node deleted
+            # and registered again by its kubelet comes back without our annotations.
+            self._best_effort(self._publish_node_address, "node-address")
             if self.bgp is not None and not _only_non_bgp(reasons):
                 self._best_effort(lambda: self._sync_bgp(resync), "bgp")
             self._write_status()
@@ -466,11 +470,12 @@ class Agent:
         if not needed or self.allocator is None or not self.config.node_ip:
             return
         if "vxlan" in needed:
-            if self._vxlan_address is None:
-                self._vxlan_address = self.allocator.tunnel_address("vxlan")
+            vxlan = self._vxlan_address
+            if vxlan is None or not self._tunnel_address_held(vxlan, "vxlan"):
+                vxlan = self._vxlan_address = self.allocator.tunnel_address("vxlan")
             mac = vxlan_mac(self.config.node_name)
             spec = VxlanSpec(
-                self._vxlan_address,
+                vxlan,
                 self.config.node_ip.split("/")[0],
                 mac,
                 self.config.mtu - VXLAN_OVERHEAD,
@@ -478,20 +483,25 @@ class Agent:
             changed = ensure_vxlan(iproute_factory(None), spec)
             if changed:
                 log.info("VXLAN device %s: %s", spec.device, ", ".join(changed))
-            self._annotate_node(
-                {VXLAN_TUNNEL_ADDR: str(self._vxlan_address), VXLAN_TUNNEL_MAC: mac}
-            )
+            self._annotate_node({VXLAN_TUNNEL_ADDR: str(vxlan), VXLAN_TUNNEL_MAC: mac})
         if "ipip" in needed and not self._ipip_failed:
             try:
-                if self._ipip_address is None:
-                    self._ipip_address = self.allocator.tunnel_address("ipip")
-                ensure_ipip(
-                    iproute_factory(None), self._ipip_address, self.config.mtu - IPIP_OVERHEAD
-                )
-                self._annotate_node({IPIP_TUNNEL_ADDR: str(self._ipip_address)})
+                ipip = self._ipip_address
+                if ipip is None or not self._tunnel_address_held(ipip, "ipip"):
+                    ipip = self._ipip_address = self.allocator.tunnel_address("ipip")
+                ensure_ipip(iproute_factory(None), ipip, self.config.mtu - IPIP_OVERHEAD)
+                self._annotate_node({IPIP_TUNNEL_ADDR: str(ipip)})
             except NetlinkError as exc:
                 self._ipip_failed = True
                 log.error("cannot create tunl0 (is the ipip module available?): %s", exc)
+
+    def _tunnel_address_held(self, address: IPv4Address, kind: str) -> bool:
+        """Our remembered tunnel address is still ours in IPAM (the blocks cache)."""
+        handle = tunnel_handle_id(kind, self.config.node_name)
+        if holds_address(self._objects("blocks"), address, handle):
+            return True
+        log.warning("%s tunnel address %s is no longer allocated to this node", kind, address)
+        return False
 
     def _annotate_node(self, annotations: dict[str, str]) -> None:
         """Patch our Node only when the annotations differ from what the cache holds."""
@@ -668,13 +678,12 @@ class Agent:
         """Put this node's BGP address on its Node object, for its peers to find."""
         if not self.config.node_ip:
             return
-        patch = {"metadata": {"annotations": {IPV4_ADDRESS: self.config.node_ip}}}
-        try:
-            self.datastore.patch_raw(kinds.NODE, self.config.node_name, patch)
-        except NotFound:
+        if not any(n["metadata"]["name"] == self.config.node_name for n in self._objects("nodes")):
             log.warning(
                 "Node %s does not exist; its BGP address is not published", self.config.node_name
             )
+            return
+        self._annotate_node({IPV4_ADDRESS: self.config.node_ip})
 
     def status(self) -> dict[str, Any]:
         """What `tabbyctl endpoints` and `tabbyctl node status` show for this node."""

@@ -47,6 +47,26 @@ def block_owners(raw: dict[str, Any]) -> Entries:
     return out
 
 
+def holds_address(blocks: Iterable[dict[str, Any]], address: IPv4Address, handle_id: str) -> bool:
+    """Whether the blocks (an informer snapshot) give `address` to `handle_id`.
+
+    The agent remembers its tunnel address; IPAM can take it away behind its back
+    (the GC releases a deleted Node's addresses while its agent still runs). A
+    remembered address no block grants any more must be asked for again, or the
+    next pod is given the address the tunnel device still holds.
+    """
+    for raw in blocks:
+        try:
+            block = AllocationBlock.from_spec(IPAMBlock.from_wire(raw).spec)
+        except Exception:  # an unreadable block grants nothing (reported elsewhere)
+            continue
+        if address in block.cidr:
+            return any(
+                a.ip == address and a.handle_id == handle_id for a in block.iter_allocations()
+            )
+    return False
+
+
 class IPAMOwners:
     """Builds the address book from the blocks informer's objects, cached per version.
 

@@ -43,6 +43,7 @@ REPO = Path(__file__).resolve().parent.parent
 MANIFESTS = REPO / "manifests"
 POD_CIDR = "10.244.0.0/16"
 AGNHOST_IMAGE = "registry.k8s.io/e2e-test-images/agnhost:2.63.0"
+TABBY_NAMESPACE = "kube-system"
 CP_HOST = 2  # the control plane's address on subnet 0: 172.31.0.2
 READY_TIMEOUT_S = 180.0
 Progress = Callable[[str], None]
@@ -146,6 +147,11 @@ class KubeCluster:
             kube_node.wait_ready(self.kubectl_argv(), READY_TIMEOUT_S)
         if self.spec.cni == "tabby":
             self.wait_daemonset()
+            progress("waiting for the tabby-controllers Deployment")
+            self.kubectl(
+                "-n", TABBY_NAMESPACE, "rollout", "status", "deploy/tabby-controllers",
+                f"--timeout={READY_TIMEOUT_S:.0f}s",
+            )  # fmt: skip
         progress("all nodes Ready")
 
     def _bin_dir(self) -> Path:
@@ -190,7 +196,7 @@ class KubeCluster:
         status: dict[str, Any] = {}
         while time.monotonic() < deadline:
             out = self.kubectl(
-                "-n", "kube-system", "get", "ds", "tabby-node", "-o", "json", check=False
+                "-n", TABBY_NAMESPACE, "get", "ds", "tabby-node", "-o", "json", check=False
             )
             if out:
                 status = json.loads(out).get("status", {})
@@ -208,7 +214,7 @@ class KubeCluster:
     def agent_diagnostics(self, lines: int = 25) -> str:
         """The tabby-node pods' events and last log lines, for an error message."""
         selector = "app.kubernetes.io/name=tabby-node"
-        ns = ["-n", "kube-system"]
+        ns = ["-n", TABBY_NAMESPACE]
         described = self.kubectl(*ns, "describe", "pods", "-l", selector, check=False)
         events = described[described.rfind("Events:") :] if "Events:" in described else ""
         logs = []
@@ -325,12 +331,29 @@ class KubeCluster:
         self.create_namespace(namespace)
         body = self.pod_manifest(namespace, name, node, labels)
         self.kubectl("apply", "-f", "-", stdin=json.dumps(body))
-        self.kubectl(
-            "-n", namespace, "wait", "--for=condition=Ready", f"pod/{name}", "--timeout=120s"
-        )
+        try:
+            self.kubectl(
+                "-n", namespace, "wait", "--for=condition=Ready", f"pod/{name}", "--timeout=120s"
+            )
+        except RuntimeError as exc:
+            raise RuntimeError(f"{exc}\n{self.pod_diagnostics(namespace, name)}") from None
         pod = self._pod_from_api(namespace, name)
         self._save(added=pod)
         return pod
+
+    def pod_diagnostics(self, namespace: str, name: str, lines: int = 30) -> str:
+        """A pod's events, and the last lines of the agent's log on its node."""
+        described = self.kubectl("-n", namespace, "describe", "pod", name, check=False)
+        events = described[described.rfind("Events:") :] if "Events:" in described else ""
+        node = self._pod_from_api(namespace, name).node
+        agents = tabby_pods_by_node(self).get(node, {})
+        agent_log = ""
+        if agents:
+            agent_log = self.kubectl(
+                "-n", TABBY_NAMESPACE, "logs", agents["pod"], "-c", "tabby-node",
+                f"--tail={lines}", check=False,
+            )  # fmt: skip
+        return f"--- events ---\n{events}\n--- tabby-node on {node} ---\n{agent_log}"
 
     def _pod_from_api(self, namespace: str, name: str) -> KubePod:
         obj = json.loads(self.kubectl("-n", namespace, "get", "pod", name, "-o", "json"))
@@ -469,7 +492,7 @@ def tabby_pods_by_node(cluster: KubeCluster) -> dict[str, dict[str, Any]]:
     """The tabby-node pod on each node: name, phase, readiness (for `lab status`)."""
     out = cluster.kubectl(
         "-n",
-        "kube-system",
+        TABBY_NAMESPACE,
         "get",
         "pods",
         "-l",

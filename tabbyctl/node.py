@@ -85,13 +85,20 @@ def load_status(path: Path) -> dict[str, Any] | None:
     return doc if isinstance(doc, dict) else None
 
 
-def process_running(doc: dict[str, Any]) -> bool:
-    """The agent wrote the file, has not stopped, and its PID is alive (same PID namespace)."""
+def process_running(doc: dict[str, Any], proc: Path = Path("/proc")) -> bool:
+    """The agent wrote the file, has not stopped, and its PID is alive.
+
+    An agent in a pod (the DaemonSet) has its own PID namespace: its PID is then
+    looked up among the processes of that namespace, as seen from here.
+    """
     if doc.get("stopped"):
         return False
     pid = doc.get("agentPid")
     if not isinstance(pid, int) or pid <= 0:
         return False
+    namespace = doc.get("pidNamespace")
+    if isinstance(namespace, int) and namespace != _namespace_of(proc / "self"):
+        return _runs_in_namespace(proc, namespace, pid)
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -99,6 +106,28 @@ def process_running(doc: dict[str, Any]) -> bool:
     except PermissionError:
         return True  # exists, owned by someone else
     return True
+
+
+def _namespace_of(process: Path) -> int | None:
+    try:
+        return (process / "ns" / "pid").stat().st_ino
+    except OSError:
+        return None
+
+
+def _runs_in_namespace(proc: Path, namespace: int, pid: int) -> bool:
+    """Whether some process of PID namespace `namespace` has `pid` there (NSpid's last)."""
+    for entry in proc.iterdir():
+        if not entry.name.isdigit() or _namespace_of(entry) != namespace:
+            continue
+        try:
+            status = (entry / "status").read_text()
+        except OSError:
+            continue
+        for line in status.splitlines():
+            if line.startswith("NSpid:") and line.split()[-1] == str(pid):
+                return True
+    return False
 
 
 def status_rows(doc: dict[str, Any], now: float | None = None) -> list[list[str]]:

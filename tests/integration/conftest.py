@@ -71,6 +71,18 @@ def _host_network() -> tuple[str, str]:
     return names, out("ip", "route", "show", "table", "all")
 
 
+def _described(pids: set[int]) -> list[str]:
+    """pid: command line, for a leftover report that says what was left."""
+    out = []
+    for pid in sorted(pids):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            argv = "(gone)"
+        out.append(f"{pid}: {argv.strip()[:200]}")
+    return out
+
+
 def _mounts() -> set[str]:
     return {line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()}
 
@@ -108,7 +120,8 @@ def no_leftovers(request: pytest.FixtureRequest) -> Iterator[None]:
     if "kube_cluster" in request.fixturenames:
         # A module's real-node lab outlives each test; its own teardown checks it.
         lab = request.getfixturevalue("kube_cluster")
-        allowed |= lab.daemon_pids()
+        for pid in lab.daemon_pids():  # kubelet, containerd (its shims and containers), ...
+            allowed |= {pid, *_children(pid)}
         new_netns -= set(lab.namespaces())
         new_mounts = {m for m in new_mounts if not m.startswith(lab.state_prefix())}
     if os.environ.get("TABBY_LEFTOVER_CHECK") == "own":
@@ -119,5 +132,5 @@ def no_leftovers(request: pytest.FixtureRequest) -> Iterator[None]:
     new_kids = {p for p in _children(me) - kids_before - allowed if Path(f"/proc/{p}").exists()}
     assert not new_netns, f"test left network namespaces behind: {sorted(new_netns)}"
     assert not new_mounts, f"test left mounts behind: {sorted(new_mounts)}"
-    assert not new_kids, f"test left processes behind: {sorted(new_kids)}"
+    assert not new_kids, f"test left processes behind: {_described(new_kids)}"
     assert _host_network() == host_before, "test changed the host's own links or routes"

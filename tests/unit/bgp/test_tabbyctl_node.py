@@ -5,6 +5,8 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -113,6 +115,47 @@ def test_not_running_when_stopped_or_pid_gone(tmp_path: Path) -> None:
     assert not process_running(doc(agentPid=2**22 + 12345))
     assert not process_running(doc(agentPid="x"))
     assert process_running(doc())
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a new PID namespace needs root")
+def test_an_agent_in_its_own_pid_namespace_is_found_there() -> None:
+    """The DaemonSet's agent writes its pod-namespace PID (often 1); the node's view differs."""
+    child = subprocess.Popen(["unshare", "--pid", "--fork", "sleep", "30"])
+    inner: list[int] = []
+    try:
+        namespace = None
+        deadline = time.monotonic() + 5
+        while namespace is None and time.monotonic() < deadline:
+            for pid in _children_of(child.pid):
+                inode = os.stat(f"/proc/{pid}/ns/pid").st_ino
+                if inode != os.stat("/proc/self/ns/pid").st_ino:
+                    namespace, inner = inode, [pid]
+            time.sleep(0.05)
+        assert namespace is not None, "sleep never started in its own PID namespace"
+        assert process_running(doc(agentPid=1, pidNamespace=namespace))
+        assert not process_running(doc(agentPid=2, pidNamespace=namespace))
+    finally:
+        for pid in inner:  # the namespace's init; unshare then exits
+            os.kill(pid, 9)
+        child.kill()
+        child.wait()
+    assert settles_false(lambda: process_running(doc(agentPid=1, pidNamespace=namespace)))
+
+
+def settles_false(check: Any, timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not check():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _children_of(pid: int) -> list[int]:
+    try:
+        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
 
 
 def test_speaker_down_and_no_peers(tmp_path: Path) -> None:

@@ -6,7 +6,7 @@ import ipaddress
 from typing import Any
 
 from datastore.models import IPAMBlock, Meta
-from felix.pod_members import IPAMOwners, block_owners
+from felix.pod_members import IPAMOwners, block_owners, holds_address
 from ipam.block import AllocationBlock
 from ipam.pools import cidr_name
 from policy.membership import Owner
@@ -62,3 +62,24 @@ def test_unchanged_blocks_give_the_same_book_without_a_rebuild() -> None:
     first = owners.book([block])
     assert owners.book([block]) is first
     assert owners.book([_block("2")]) is not first
+
+
+def _tunnel_block(version: str, *allocations: tuple[str, str]) -> dict[str, Any]:
+    block = AllocationBlock.new(CIDR, affinity="host:node1")
+    for ip, handle in allocations:
+        block.assign(ipaddress.IPv4Address(ip), handle, {"node": "node1"})
+    wire = IPAMBlock(metadata=Meta(name=cidr_name(CIDR)), spec=block.to_spec()).to_wire()
+    wire["metadata"]["resourceVersion"] = version
+    return wire
+
+
+def test_a_tunnel_address_is_held_only_while_its_block_grants_it_to_the_tunnel_handle() -> None:
+    """Issue 16: the GC released a deleted Node's tunnel address while its agent ran on;
+    the agent's remembered address must then count as lost (a pod got it otherwise)."""
+    tunnel = ipaddress.IPv4Address("10.244.1.0")
+    handle = "vxlan-tunnel-addr-node1"
+    assert holds_address([_tunnel_block("1", ("10.244.1.0", handle))], tunnel, handle)
+    assert not holds_address([_tunnel_block("2")], tunnel, handle)  # released
+    reused = _tunnel_block("3", ("10.244.1.0", "k8s-pod-network.c9"))
+    assert not holds_address([reused], tunnel, handle)  # given to a pod since
+    assert not holds_address([], tunnel, handle)  # the block itself is gone
