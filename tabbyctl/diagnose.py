@@ -871,9 +871,10 @@ def pod(
 def _from_lab(lab_dir: Path, key: str, where: Where) -> Datastore:
     """Fill in what the lab knows (explicit options win) and return its datastore."""
     from lab.cluster import LabCluster  # only the lab needs it
+    from lab.kubecluster import load_lab
 
     try:
-        cluster = LabCluster.load(lab_dir)
+        cluster = load_lab(lab_dir)
     except (OSError, ValueError, KeyError) as err:
         fail(f"--lab {lab_dir}: cannot read the lab ({err})")
         raise
@@ -881,8 +882,10 @@ def _from_lab(lab_dir: Path, key: str, where: Where) -> Datastore:
     info = cluster.pods.get(f"{namespace}/{name}")
     ds = cluster.datastore()
     node = info.node if info else _pod_node(ds, namespace, name)
-    if info and where.pod_netns is None:
-        where.pod_netns, where.pod_netns_how = info.netns, "from the lab"
+    if isinstance(cluster, LabCluster) and where.pod_netns is None:
+        lab_pod = cluster.pods.get(f"{namespace}/{name}")
+        if lab_pod:  # a real node's sandbox has no /run/netns name the checks can use
+            where.pod_netns, where.pod_netns_how = lab_pod.netns, "from the lab"
     if node:
         if where.node_netns is None:
             where.node_netns = cluster.node(node).netns

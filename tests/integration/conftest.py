@@ -28,8 +28,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
-def _children(pid: int) -> set[int]:
-    """All descendants of pid, from /proc (no psutil needed)."""
+def _children(pid: int, tree: dict[int, list[int]] | None = None) -> set[int]:
+    """All descendants of pid, from /proc (no psutil needed) or a snapshot of it."""
+    parents = tree if tree is not None else _process_tree()
+    found: set[int] = set()
+    todo = [pid]
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def _process_tree() -> dict[int, list[int]]:
+    """parent pid -> child pids, one snapshot of /proc (zombies and helpers left out)."""
     parents: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -42,14 +55,7 @@ def _children(pid: int) -> set[int]:
         if state == "Z" or _is_python_helper(entry):
             continue
         parents.setdefault(int(ppid), []).append(int(entry.name))
-    found: set[int] = set()
-    todo = [pid]
-    while todo:
-        for child in parents.get(todo.pop(), []):
-            if child not in found:
-                found.add(child)
-                todo.append(child)
-    return found
+    return parents
 
 
 def _is_python_helper(proc: Path) -> bool:
@@ -110,18 +116,21 @@ def no_leftovers(request: pytest.FixtureRequest) -> Iterator[None]:
     host_before = _host_network()
     yield
     # Session fixtures (the control plane) may start between before and after.
+    # One snapshot of the process table for both sides: a lab's runtime starts and
+    # ends processes (shims, CNI calls) all the time.
+    tree = _process_tree()
     allowed: set[int] = set()
     if "control_plane" in request.fixturenames:
         cp: ControlPlane = request.getfixturevalue("control_plane")
         for pid in cp.pids_running():
-            allowed |= {pid, *_children(pid)}
+            allowed |= {pid, *_children(pid, tree)}
     new_netns = set(list_netns()) - netns_before
     new_mounts = _mounts() - mounts_before
     if "kube_cluster" in request.fixturenames:
         # A module's real-node lab outlives each test; its own teardown checks it.
         lab = request.getfixturevalue("kube_cluster")
         for pid in lab.daemon_pids():  # kubelet, containerd (its shims and containers), ...
-            allowed |= {pid, *_children(pid)}
+            allowed |= {pid, *_children(pid, tree)}
         new_netns -= set(lab.namespaces())
         new_mounts = {m for m in new_mounts if not m.startswith(lab.state_prefix())}
     if os.environ.get("TABBY_LEFTOVER_CHECK") == "own":
@@ -129,7 +138,9 @@ def no_leftovers(request: pytest.FixtureRequest) -> Iterator[None]:
         # namespaces by name only for those this process created.
         new_netns &= netns.CREATED
         new_mounts = {m for m in new_mounts if Path(m).name in netns.CREATED}
-    new_kids = {p for p in _children(me) - kids_before - allowed if Path(f"/proc/{p}").exists()}
+    new_kids = {
+        p for p in _children(me, tree) - kids_before - allowed if Path(f"/proc/{p}").exists()
+    }
     assert not new_netns, f"test left network namespaces behind: {sorted(new_netns)}"
     assert not new_mounts, f"test left mounts behind: {sorted(new_mounts)}"
     assert not new_kids, f"test left processes behind: {_described(new_kids)}"

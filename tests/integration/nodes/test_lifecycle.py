@@ -4,6 +4,9 @@
 - the tabby-node pod replaced by the DaemonSet controller drops no established flow
   and never lets a denied client through meanwhile;
 - a Node deleted and registered again is cleaned up (IPAM, BGP) and rejoins.
+
+This module's nodes run kube-proxy in nftables mode (test_real_nodes uses iptables),
+so Tabby's iptables rules are also checked beside kube-proxy's nftables tables.
 """
 
 from __future__ import annotations
@@ -14,15 +17,60 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from datastore import kinds
-from lab.kubecluster import TABBY_NAMESPACE, KubeCluster
+from lab.kubecluster import TABBY_NAMESPACE, KubeCluster, KubeSpec
 from tests.helpers import settles
+from tests.integration.nodes.conftest import kube_lab
 
 pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def kube_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubeCluster]:
+    """Three real nodes, kube-proxy in nftables mode."""
+    yield from kube_lab(tmp_path_factory, KubeSpec(nodes=3, proxy_mode="nftables"))
+
+
+def test_a_clusterip_service_works_with_kube_proxy_in_nftables_mode(
+    kube_cluster: KubeCluster,
+) -> None:
+    for node in kube_cluster.nodes[:2]:
+        kube_cluster.create_pod("nft", f"web-{node.name}", node.name, {"app": "web"})
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "web", "namespace": "nft"},
+        "spec": {"selector": {"app": "web"}, "ports": [{"port": 80, "targetPort": 8080}]},
+    }
+    kube_cluster.kubectl("apply", "-f", "-", stdin=json.dumps(service))
+    address = _json(kube_cluster, "-n", "nft", "get", "svc", "web")["spec"]["clusterIP"]
+    client = kube_cluster.create_pod("nft", "client", kube_cluster.nodes[-1].name)
+    tables = subprocess.run(
+        ["ip", "netns", "exec", kube_cluster.nodes[-1].netns, "nft", "list", "tables"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "kube-proxy" in tables, tables
+
+    def answers() -> set[str]:
+        seen = set()
+        for _ in range(20):
+            got = kube_cluster.exec(
+                client.key, ["curl", "-s", "-m", "2", f"http://{address}/hostname"], timeout=10
+            )
+            if got.returncode == 0:
+                seen.add(got.stdout.strip())
+        return seen
+
+    backends = {f"web-{n.name}" for n in kube_cluster.nodes[:2]}
+    assert settles(lambda: answers() == backends, timeout=30), answers()
+
 
 AGENT_SELECTOR = "app.kubernetes.io/name=tabby-node"
 

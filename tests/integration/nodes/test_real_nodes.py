@@ -208,4 +208,6 @@ def test_a_deployment_of_30_spreads_is_ready_and_recreated_pods_leak_nothing(
     assert len(second_ips) == DEPLOYMENT_REPLICAS
     # Nothing leaked: the allocations are exactly the live pods' addresses.
     assert settles(lambda: _tabbyctl(kube_cluster, "ipam", "check").returncode == 0, timeout=30)
-    kube_cluster.kubectl("-n", "deploy", "delete", "deploy", "fleet", "--wait=true")
+    kube_cluster.kubectl(
+        "-n", "deploy", "delete", "deploy", "fleet", "--cascade=foreground", "--wait=true"
+    )  # fmt: skip
