@@ -23,10 +23,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -40,28 +42,35 @@ NAMESPACE = "bench"
 PORT = 8080
 
 PROBER = r"""
-import select, socket, sys, time
-pending, first = {}, {}
-sys.stdin = open(sys.stdin.fileno(), "r", buffering=1)
+import queue, socket, sys, threading, time
+incoming = queue.Queue()
+def read():  # a thread: select() on a buffered stdin misses lines already buffered
+    for line in sys.stdin:
+        incoming.put(line.strip())
+    incoming.put("END")
+threading.Thread(target=read, daemon=True).start()
+pending = set()
 while True:
-    ready, _, _ = select.select([sys.stdin], [], [], 0.02)
-    if ready:
-        line = sys.stdin.readline()
-        if not line or line.strip() == "END":
-            break
-        pending[line.strip()] = True
+    try:
+        while True:
+            item = incoming.get_nowait()
+            if item == "END":
+                sys.exit(0)
+            pending.add(item)
+    except queue.Empty:
+        pass
     for ip in list(pending):
         s = socket.socket()
         s.settimeout(0.05)
         try:
             s.connect((ip, PORT))
-            first[ip] = time.time()
-            del pending[ip]
-            print(f"{ip} {first[ip]:.6f}", flush=True)
+            pending.discard(ip)
+            print(f"{ip} {time.time():.6f}", flush=True)
         except OSError:
             pass
         finally:
             s.close()
+    time.sleep(0.02)
 """.replace("PORT", str(PORT))
 
 
@@ -159,28 +168,37 @@ def measure(
     cluster: KubeCluster, prober: subprocess.Popen[str], replicas: int, timeout: float
 ) -> dict[str, Any]:
     assert prober.stdin is not None and prober.stdout is not None
-    os.set_blocking(prober.stdout.fileno(), False)
+    first: dict[str, float] = {}
+    stdout = prober.stdout
+
+    def collect() -> None:  # the prober's "ip time" lines, as they come
+        for line in stdout:
+            ip, when = line.split()
+            first[ip] = float(when)
+
+    reader = threading.Thread(target=collect, daemon=True)
+    reader.start()
     start = time.time()
     cluster.kubectl("apply", "-f", "-", stdin=json.dumps(deployment(replicas)))
     ready_at: dict[str, float] = {}
     sent: set[str] = set()
-    first: dict[str, float] = {}
     while len(ready_at) < replicas or len(first) < replicas:
         if time.time() - start > timeout:
-            raise RuntimeError(f"only {len(ready_at)}/{replicas} Ready after {timeout:.0f}s")
+            raise RuntimeError(
+                f"after {timeout:.0f}s: {len(ready_at)}/{replicas} Ready, "
+                f"{len(first)}/{replicas} answered"
+            )
         now = time.time()
         for pod in pods_state(cluster):
             ip = pod.get("status", {}).get("podIP")
             if ip and ip not in sent:
                 prober.stdin.write(ip + "\n")
+                prober.stdin.flush()
                 sent.add(ip)
             if is_ready(pod) and pod["metadata"]["name"] not in ready_at:
                 ready_at[pod["metadata"]["name"]] = now
-        for line in iter(prober.stdout.readline, ""):
-            ip, when = line.split()
-            first[ip] = float(when)
         time.sleep(0.2)
-    prober.stdin.write("END\n")
+    prober.stdin.close()
     first_ms = sorted((t - start) * 1000 for t in first.values())
     return {
         "all_ready_s": max(ready_at.values()) - start,
@@ -198,6 +216,8 @@ def main() -> int:
         "--only", choices=["ptp", "tabby"], help="measure one CNI (no ratio: a smoke run)"
     )
     args = parser.parse_args()
+    # SIGTERM (timeout, Ctrl-C in a wrapper) unwinds like an exception: the labs go.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if os.geteuid() != 0:
         print("run as root: the lab creates namespaces", file=sys.stderr)
         return 2
