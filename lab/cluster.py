@@ -19,7 +19,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +30,8 @@ from datastore.errors import AlreadyExists, NotFound
 from datastore.models import BGPConfiguration, BGPConfigurationSpec, IPPool, IPPoolSpec, Meta
 from lab import netns
 from lab.controlplane import ControlPlane
+from lab.podlab import PodLab
 from lab.process import PidRegistry
-from lab.statefile import atomic_write, locked
 from lab.topology import Lab, Node
 
 log = logging.getLogger(__name__)
@@ -72,8 +72,10 @@ def _quiet(_: str) -> None:
     return None
 
 
-class LabCluster:
+class LabCluster(PodLab[PodInfo]):
     """Start with `LabCluster.up(workdir, spec)`, re-open with `LabCluster.load(workdir)`."""
+
+    pod_type = PodInfo
 
     def __init__(self, workdir: Path, spec: ClusterSpec) -> None:
         self.workdir = workdir
@@ -325,46 +327,7 @@ class LabCluster:
         """The prefix that runs a host command inside a pod's network namespace."""
         return ["ip", "netns", "exec", self.pods[pod].netns]
 
-    def can_reach(self, src: str, dst: str, timeout_s: int = 2, attempts: int = 2) -> bool:
-        """ICMP from one pod to another's address (a first ARP may take one attempt)."""
-        target = self.pods[dst].ip
-        for _ in range(attempts):
-            proc = self.exec(
-                src, ["ping", "-c1", "-W", str(timeout_s), target], timeout=timeout_s + 5
-            )
-            if proc.returncode == 0:
-                return True
-        return False
-
     # -- persistence and teardown -------------------------------------------------------
-    def _save(
-        self, added: PodInfo | None = None, removed: str | None = None, *, fresh: bool = False
-    ) -> None:
-        """Record this process's change to cluster.json: read-modify-write under a lock.
-
-        Each `tabbyctl lab pod create` is its own process that loaded the state before
-        its (seconds-long) ADD; writing its whole view back would drop the pods that
-        others added meanwhile. So the pods are re-read under an exclusive flock, only
-        this call's pod is added or removed, and the file is replaced atomically (a
-        reader never sees half a file).
-        """
-        path = self.workdir / "cluster.json"
-        with locked(self.workdir / "cluster.json.lock"):
-            if path.exists() and not fresh:
-                stored = json.loads(path.read_text()).get("pods", {})
-                self.pods = {k: PodInfo(**v) for k, v in stored.items()}
-            if added is not None:
-                self.pods[added.key] = added
-            if removed is not None:
-                self.pods.pop(removed, None)
-            state = {
-                "spec": asdict(self.spec),
-                "lab_id": self.lab.lab_id if self.lab else None,
-                "apiserver_port": self.apiserver_port,
-                "pods": {k: asdict(v) for k, v in self.pods.items()},
-            }
-            atomic_write(path, json.dumps(state, indent=1))
-
     @classmethod
     def load(cls, workdir: Path) -> LabCluster:
         state = json.loads((workdir / "cluster.json").read_text())

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import yaml
 
+from lab.images import import_images
 from lab.netns import run
 from lab.process import ManagedProcess, PidRegistry
 from lab.runtime import Containerd, remove_cgroup_tree
@@ -216,7 +217,8 @@ class KubeNode:
         self.cgroups.create()
         self._provision_cni_plugins()
         pause, *rest = images
-        self.containerd.start(pause, *rest)
+        self.containerd.start(pause)
+        import_images(self.containerd.socket, rest)  # checks every name arrived
         self.kubelet = self._start("kubelet", self._kubelet_argv())
         self.kube_proxy = self._start("kube-proxy", self._kube_proxy_argv())
         return self

@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,6 +21,7 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 STOP_TIMEOUT_S = 10.0
+_REGISTRY_LOCK = threading.Lock()
 
 
 class ManagedProcess:
@@ -106,14 +108,16 @@ class PidRegistry:
         return data if isinstance(data, dict) else {}
 
     def record(self, process: ManagedProcess) -> None:
-        data = self._read()
-        data[process.name] = {"pid": process.pid, "argv": " ".join(process.argv)}
-        self.path.write_text(json.dumps(data, indent=1))
+        with _REGISTRY_LOCK:  # nodes start in parallel threads (lab.kubecluster)
+            data = self._read()
+            data[process.name] = {"pid": process.pid, "argv": " ".join(process.argv)}
+            self.path.write_text(json.dumps(data, indent=1))
 
     def forget(self, name: str) -> None:
-        data = self._read()
-        data.pop(name, None)
-        self.path.write_text(json.dumps(data, indent=1))
+        with _REGISTRY_LOCK:
+            data = self._read()
+            data.pop(name, None)
+            self.path.write_text(json.dumps(data, indent=1))
 
     def kill(self, name: str) -> bool:
         """Stop one recorded daemon (started by another process) by its PID."""

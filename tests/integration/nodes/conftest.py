@@ -7,6 +7,7 @@ runs, and the fixture's teardown must then remove all of them.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,3 +37,26 @@ def kube_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubeClust
 def sandbox_state_dir(cluster: KubeCluster) -> Path:
     assert cluster.lab is not None
     return cluster.lab.state_dir
+
+
+def web_service(cluster: KubeCluster, namespace: str) -> str:
+    """Service `web` (port 80 -> the agnhost pods' 8080, selector app=web); its ClusterIP."""
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "web", "namespace": namespace},
+        "spec": {"selector": {"app": "web"}, "ports": [{"port": 80, "targetPort": 8080}]},
+    }
+    cluster.kubectl("apply", "-f", "-", stdin=json.dumps(service))
+    found = json.loads(cluster.kubectl("-n", namespace, "get", "svc", "web", "-o", "json"))
+    return str(found["spec"]["clusterIP"])
+
+
+def service_answers(cluster: KubeCluster, client: str, address: str, tries: int = 20) -> set[str]:
+    """Which backends answer `GET /hostname` on address:80 from the client pod."""
+    seen = set()
+    for _ in range(tries):
+        got = cluster.exec(client, ["curl", "-s", "-m", "2", f"http://{address}/hostname"])
+        if got.returncode == 0:
+            seen.add(got.stdout.strip())
+    return seen

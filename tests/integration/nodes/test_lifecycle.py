@@ -25,7 +25,7 @@ import pytest
 from datastore import kinds
 from lab.kubecluster import TABBY_NAMESPACE, KubeCluster, KubeSpec
 from tests.helpers import settles
-from tests.integration.nodes.conftest import kube_lab
+from tests.integration.nodes.conftest import kube_lab, service_answers, web_service
 
 pytestmark = pytest.mark.integration
 
@@ -41,14 +41,7 @@ def test_a_clusterip_service_works_with_kube_proxy_in_nftables_mode(
 ) -> None:
     for node in kube_cluster.nodes[:2]:
         kube_cluster.create_pod("nft", f"web-{node.name}", node.name, {"app": "web"})
-    service = {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {"name": "web", "namespace": "nft"},
-        "spec": {"selector": {"app": "web"}, "ports": [{"port": 80, "targetPort": 8080}]},
-    }
-    kube_cluster.kubectl("apply", "-f", "-", stdin=json.dumps(service))
-    address = _json(kube_cluster, "-n", "nft", "get", "svc", "web")["spec"]["clusterIP"]
+    address = web_service(kube_cluster, "nft")
     client = kube_cluster.create_pod("nft", "client", kube_cluster.nodes[-1].name)
     tables = subprocess.run(
         ["ip", "netns", "exec", kube_cluster.nodes[-1].netns, "nft", "list", "tables"],
@@ -58,17 +51,8 @@ def test_a_clusterip_service_works_with_kube_proxy_in_nftables_mode(
     ).stdout
     assert "kube-proxy" in tables, tables
 
-    def answers() -> set[str]:
-        seen = set()
-        for _ in range(20):
-            got = kube_cluster.exec(
-                client.key, ["curl", "-s", "-m", "2", f"http://{address}/hostname"], timeout=10
-            )
-            if got.returncode == 0:
-                seen.add(got.stdout.strip())
-        return seen
-
     backends = {f"web-{n.name}" for n in kube_cluster.nodes[:2]}
+    answers = lambda: service_answers(kube_cluster, client.key, address)  # noqa: E731
     assert settles(lambda: answers() == backends, timeout=30), answers()
 
 

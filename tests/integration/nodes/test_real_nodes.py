@@ -17,6 +17,7 @@ import pytest
 
 from lab.kubecluster import AGNHOST_IMAGE, KubeCluster
 from tests.helpers import settles
+from tests.integration.nodes.conftest import service_answers, web_service
 
 pytestmark = pytest.mark.integration
 
@@ -83,28 +84,11 @@ def test_a_clusterip_service_balances_through_kube_proxy_across_nodes(
 ) -> None:
     for node in kube_cluster.nodes:
         kube_cluster.create_pod("svc", f"web-{node.name}", node.name, {"app": "web"})
-    service = {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {"name": "web", "namespace": "svc"},
-        "spec": {"selector": {"app": "web"}, "ports": [{"port": 80, "targetPort": 8080}]},
-    }
-    kube_cluster.kubectl("apply", "-f", "-", stdin=json.dumps(service))
-    address = _json(kube_cluster, "-n", "svc", "get", "svc", "web")["spec"]["clusterIP"]
+    address = web_service(kube_cluster, "svc")
     client = f"svc/web-{kube_cluster.nodes[0].name}"
-
-    def answers() -> set[str]:
-        seen = set()
-        for _ in range(30):
-            got = kube_cluster.exec(
-                client, ["curl", "-s", "-m", "2", f"http://{address}/hostname"], timeout=10
-            )
-            if got.returncode == 0:
-                seen.add(got.stdout.strip())
-        return seen
-
     backends = {f"web-{n.name}" for n in kube_cluster.nodes}
     # kube-proxy programs the Service within its 1 s minSyncPeriod of the endpoints.
+    answers = lambda: service_answers(kube_cluster, client, address, tries=30)  # noqa: E731
     assert settles(lambda: answers() == backends, timeout=30), answers()
 
 
