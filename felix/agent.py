@@ -62,8 +62,10 @@ from felix.nat_outgoing import PoolNat
 from felix.pod_members import IPAMOwners, holds_address
 from felix.policy_dataplane import (
     DEFAULT_ENDPOINT_TO_HOST_ACTION,
+    DEFAULT_FILTER_ALLOW_ACTION,
     PolicyDataplane,
     parse_endpoint_to_host_action,
+    parse_filter_allow_action,
 )
 from felix.tunnels import (
     IPIP_OVERHEAD,
@@ -107,6 +109,7 @@ class AgentConfig:
     policy: bool = True
     iptables_backend: str = "auto"  # auto | nft | legacy | legacy-iptc
     endpoint_to_host: str = DEFAULT_ENDPOINT_TO_HOST_ACTION  # pods to their own node
+    filter_allow: str = DEFAULT_FILTER_ALLOW_ACTION  # ACCEPT or RETURN what policy allows
 
     @property
     def bgp_status_file(self) -> Path:
@@ -285,7 +288,10 @@ class Agent:
         self.node_labels = self._read_node_labels()
         if self.config.policy:
             self.policy = PolicyDataplane(
-                SubprocessRunner(), self.config.iptables_backend, self.config.endpoint_to_host
+                SubprocessRunner(),
+                self.config.iptables_backend,
+                self.config.endpoint_to_host,
+                self.config.filter_allow,
             )
         if self.config.bgp:
             self.bgp = BGPController(
@@ -775,6 +781,14 @@ def _endpoint_to_host_action(value: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _filter_allow_action(value: str) -> str:
+    """argparse type: a bad value is a usage error naming the choices."""
+    try:
+        return parse_filter_allow_action(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def parse_args(argv: list[str] | None = None) -> AgentConfig:
     parser = argparse.ArgumentParser(prog="tabby-node", description=__doc__.split("\n")[0])
     parser.add_argument("--node-name", default=os.environ.get("NODENAME"), required=False)
@@ -809,6 +823,14 @@ def parse_args(argv: list[str] | None = None) -> AgentConfig:
         "Drop (default), Accept, or Return (the host's own INPUT rules decide); "
         "$TABBY_DEFAULT_ENDPOINT_TO_HOST_ACTION",
     )
+    parser.add_argument(
+        "--filter-allow-action",
+        default=os.environ.get("TABBY_IPTABLES_FILTER_ALLOW_ACTION", DEFAULT_FILTER_ALLOW_ACTION),
+        type=_filter_allow_action,
+        help="What Tabby's filter rules do with traffic policy allows: Accept (default; "
+        "at the bottom of FORWARD, after kube-proxy's rules) or Return (the kernel "
+        "chains' later rules and policy decide); $TABBY_IPTABLES_FILTER_ALLOW_ACTION",
+    )
     opts = parser.parse_args(argv)
     if not opts.node_name:
         parser.error("--node-name (or $NODENAME) is required")
@@ -829,6 +851,7 @@ def parse_args(argv: list[str] | None = None) -> AgentConfig:
         policy=not opts.no_policy,
         iptables_backend=opts.iptables_backend,
         endpoint_to_host=opts.endpoint_to_host,
+        filter_allow=opts.filter_allow_action,
     )
 
 

@@ -4,11 +4,22 @@ The policy compiler (`policy/`) gives per-endpoint chains (cali-tw-/cali-fw-<ifa
 shared policy chains and ipsets. This module adds the top of the tree, as Felix does,
 and applies everything through the dataplane tables:
 
-    FORWARD -> cali-FORWARD:
+    FORWARD (top, inserted) -> cali-FORWARD:
         clear Tabby's accept mark
         -i cali+ -> cali-from-wl-dispatch: -i <iface> -g cali-fw-<iface> ... else DROP
         -o cali+ -> cali-to-wl-dispatch:   -o <iface> -g cali-tw-<iface> ... else DROP
-        mark set -> ACCEPT          (both directions said yes, or the one that applies)
+        (returns: denies were dropped, allows carry the accept mark)
+    ... other programs' FORWARD rules: kube-proxy's KUBE-SERVICES (REJECT for a
+        Service without endpoints), KUBE-EXTERNAL-SERVICES, KUBE-FORWARD ...
+    FORWARD (bottom, appended): mark set -> ACCEPT (both directions said yes)
+
+The allow action (Calico's IptablesFilterAllowAction) is ``ACCEPT`` (default) or
+``RETURN``. With RETURN nothing is appended to FORWARD and the endpoint chains return
+allowed replies instead of accepting them, so the kernel chain's later rules and its
+policy decide everything Tabby allowed. Either way a policy deny is a DROP inside
+cali-FORWARD, before any other program's rule, so nothing denied becomes reachable.
+kube-proxy in nftables mode rejects in its own table at priority -110, before any
+iptables filter chain, so neither setting hides its REJECT.
     INPUT -> cali-INPUT:
         -i cali+ -g cali-wl-to-host: traffic from a pod to its own node
             clear the accept mark
@@ -38,7 +49,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from felix.dataplane import apply_in_order
@@ -64,6 +75,24 @@ ENDPOINT_TO_HOST_ACTIONS: tuple[EndpointToHostAction, ...] = ("DROP", "ACCEPT", 
 DEFAULT_ENDPOINT_TO_HOST_ACTION: EndpointToHostAction = "DROP"
 CONFIGURED_COMMENT = "configured DefaultEndpointToHostAction"
 
+# What Tabby's filter rules do with what they allow (Calico's IptablesFilterAllowAction).
+FilterAllowAction = Literal["ACCEPT", "RETURN"]
+FILTER_ALLOW_ACTIONS: tuple[FilterAllowAction, ...] = ("ACCEPT", "RETURN")
+DEFAULT_FILTER_ALLOW_ACTION: FilterAllowAction = "ACCEPT"
+ACCEPTED_COMMENT = "policy explicitly accepted packet"
+
+
+def parse_filter_allow_action(value: str) -> FilterAllowAction:
+    """``Accept``/``Return`` in any case, or a ValueError naming the choices."""
+    for action in FILTER_ALLOW_ACTIONS:
+        if value.strip().upper() == action:
+            return action
+    choices = ", ".join(a.capitalize() for a in FILTER_ALLOW_ACTIONS)
+    raise ValueError(
+        f"filter allow action must be one of {choices} "
+        f"(what Tabby's filter rules do with allowed traffic), not {value!r}"
+    )
+
 
 def parse_endpoint_to_host_action(value: str) -> EndpointToHostAction:
     """``Drop``/``Accept``/``Return`` in any case, or a ValueError naming the choices."""
@@ -82,8 +111,9 @@ class FilterState:
     """What the filter table and the ipsets should hold on this node."""
 
     chains: Mapping[str, tuple[Rule, ...]]
-    hooks: Mapping[str, tuple[Rule, ...]]
+    hooks: Mapping[str, tuple[Rule, ...]]  # inserted at the top of kernel chains
     ipsets: Mapping[str, tuple[str, frozenset[str]]]
+    appended: Mapping[str, tuple[Rule, ...]] = field(default_factory=dict)  # at the bottom
 
 
 def _rules(*rows: tuple[str, ...]) -> tuple[Rule, ...]:
@@ -95,19 +125,24 @@ def _dispatch(ifaces: Iterable[str], flag: str, prefix: str) -> tuple[Rule, ...]
     return _rules(*jumps, ("-m", "comment", "--comment", "unknown endpoint", "-j", "DROP"))
 
 
-def _wl_to_host(action: EndpointToHostAction) -> tuple[Rule, ...]:
+def _wl_to_host(
+    action: EndpointToHostAction, allow: FilterAllowAction = DEFAULT_FILTER_ALLOW_ACTION
+) -> tuple[Rule, ...]:
     """A pod's traffic to its own node: egress policy first, then the configured action.
 
     The dispatch chain only returns here when the egress policy allowed the packet
     (the accept mark is set): replies to the node's own connections were accepted
     inside it and anything denied was dropped. ACCEPT and RETURN still check the mark,
-    so a dispatch that ever returned without a verdict fails closed.
+    so a dispatch that ever returned without a verdict fails closed. With the RETURN
+    allow action those replies come back here unmarked: they return to INPUT.
     """
     configured = ("-m", "comment", "--comment", CONFIGURED_COMMENT)
     rules: list[tuple[str, ...]] = [
         ("-j", "MARK", "--set-xmark", f"0x0/{ACCEPT_MARK:#x}"),
         ("-j", FROM_DISPATCH),
     ]
+    if allow == "RETURN":
+        rules.append(("-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED", "-j", "RETURN"))
     if action == "DROP":
         rules.append((*configured, "-j", "DROP"))
     else:
@@ -117,9 +152,15 @@ def _wl_to_host(action: EndpointToHostAction) -> tuple[Rule, ...]:
 
 
 def render(
-    state: DesiredState, local_ifaces: Iterable[str], endpoint_to_host: EndpointToHostAction
+    state: DesiredState,
+    local_ifaces: Iterable[str],
+    endpoint_to_host: EndpointToHostAction,
+    allow: FilterAllowAction = DEFAULT_FILTER_ALLOW_ACTION,
 ) -> FilterState:
-    """The whole filter-table picture for this node (pure)."""
+    """The whole filter-table picture for this node (pure).
+
+    ``state`` must have been compiled with the same ``allow`` action.
+    """
     ifaces = sorted(local_ifaces)
     chains: dict[str, tuple[Rule, ...]] = {
         name: tuple(Rule(rule.args) for rule in chain.rules) for name, chain in state.chains.items()
@@ -130,17 +171,28 @@ def render(
         ("-j", "MARK", "--set-xmark", f"0x0/{ACCEPT_MARK:#x}"),
         ("-i", "cali+", "-j", FROM_DISPATCH),
         ("-o", "cali+", "-j", TO_DISPATCH),
-        ("-m", "mark", "--mark", MARK, "-j", "ACCEPT"),
     )
     # goto, so that RETURN from cali-wl-to-host continues in the kernel's INPUT chain
     chains[INPUT] = _rules(("-i", "cali+", "-g", WL_TO_HOST))
-    chains[WL_TO_HOST] = _wl_to_host(endpoint_to_host)
+    chains[WL_TO_HOST] = _wl_to_host(endpoint_to_host, allow)
     hooks = {"FORWARD": _rules(("-j", FORWARD)), "INPUT": _rules(("-j", INPUT))}
     ipsets = {
         name: (spec.set_type, state.members.get(name, frozenset()))
         for name, spec in state.ipsets.items()
     }
-    return FilterState(chains, hooks, ipsets)
+    return FilterState(chains, hooks, ipsets, _forward_appended(allow))
+
+
+def _forward_appended(allow: FilterAllowAction) -> dict[str, tuple[Rule, ...]]:
+    """The verdict on what cali-FORWARD allowed, at the bottom of FORWARD (as Felix's).
+
+    Below kube-proxy's jumps, so its REJECT for a Service without endpoints and its
+    other filter rules run first; with RETURN the kernel chain's own policy decides.
+    """
+    if allow == "RETURN":
+        return {}
+    accepted = ("-m", "mark", "--mark", MARK, "-m", "comment", "--comment", ACCEPTED_COMMENT)
+    return {"FORWARD": _rules((*accepted, "-j", "ACCEPT"))}
 
 
 class PolicyDataplane:
@@ -151,8 +203,10 @@ class PolicyDataplane:
         runner: CommandRunner,
         backend: str = "auto",
         endpoint_to_host: str = DEFAULT_ENDPOINT_TO_HOST_ACTION,
+        allow: str = DEFAULT_FILTER_ALLOW_ACTION,
     ) -> None:
         self.endpoint_to_host = parse_endpoint_to_host_action(endpoint_to_host)
+        self.allow = parse_filter_allow_action(allow)
         self.backend = detect_backend(runner, backend)
         self.filter = Table("filter", runner, self.backend)
         self.nat = Table("nat", runner, self.backend)
@@ -170,9 +224,8 @@ class PolicyDataplane:
         resync: bool = False,
     ) -> FilterState:
         """Compute and write; `resync` re-reads the kernel first to repair drift."""
-        state = render(
-            desired_state(policies, pods, namespaces, local), local, self.endpoint_to_host
-        )
+        desired = desired_state(policies, pods, namespaces, local, allow=self.allow)
+        state = render(desired, local, self.endpoint_to_host, self.allow)
         nat = nat_state(pools)
         if resync:
             self.filter.invalidate()
@@ -182,6 +235,8 @@ class PolicyDataplane:
         self.filter.replace_chains(state.chains)
         for kernel_chain, rules in state.hooks.items():
             self.filter.insert_hooks(kernel_chain, rules)
+        for kernel_chain in {*state.hooks, *state.appended}:
+            self.filter.append_hooks(kernel_chain, state.appended.get(kernel_chain, ()))
         self._set_nat(nat)
         result = apply_in_order(self.ipsets, [self.filter, self.nat])
         self.last_bytes = result.bytes_written

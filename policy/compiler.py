@@ -13,7 +13,8 @@ Every local endpoint gets two chains:
 
 ``cali-fw-<iface>`` (from workload: the pod's egress), in order
   1. anti-spoofing: drop unless the source is the pod's own IP;
-  2. ``RELATED,ESTABLISHED`` → ACCEPT (replies always pass), ``INVALID`` → DROP;
+  2. ``RELATED,ESTABLISHED`` → the allow action (replies always pass), ``INVALID`` →
+     DROP;
   3. clear the accept mark;
   4. for each policy that selects the pod and has Egress: jump to its
      ``cali-po`` chain, RETURN if the accept mark is now set;
@@ -26,8 +27,10 @@ Contract with the dataplane: when an endpoint chain returns, the packet is
 allowed for that direction iff the accept mark is set; DROP is final.  The
 FORWARD path runs the source's ``cali-fw`` chain, then the destination's
 ``cali-tw`` chain (each clears the mark first, so one direction's allow never
-leaks into the other), then ACCEPTs if the mark is set.  Thus a connection
-needs the client's egress AND the server's ingress.
+leaks into the other); the mark, if still set, is accepted at the bottom of the
+kernel's FORWARD chain, after other programs' rules (kube-proxy's REJECT for a
+Service without endpoints) had their say.  Thus a connection needs the client's
+egress AND the server's ingress.
 
 Peers and ports:
 
@@ -76,6 +79,9 @@ SET_ACCEPT = Rule((), "MARK", ("--set-xmark", _MARK))
 CLEAR_ACCEPT = Rule((), "MARK", ("--set-xmark", f"0x0/{ACCEPT_MARK:#x}"))
 RETURN_IF_ACCEPTED = Rule(("-m", "mark", "--mark", _MARK), "RETURN")
 CONNTRACK_ACCEPT = Rule(("-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED"), "ACCEPT")
+# What an allowed reply gets in an endpoint chain: ACCEPT, or RETURN to let the
+# kernel's chains after Tabby's still decide (Calico's IptablesFilterAllowAction).
+ALLOW_ACTIONS = ("ACCEPT", "RETURN")
 CONNTRACK_DROP_INVALID = Rule(("-m", "conntrack", "--ctstate", "INVALID"), "DROP")
 DEFAULT_DROP = Rule((), "DROP")
 
@@ -242,20 +248,26 @@ def policies_for(
 
 
 def endpoint_chains(
-    pod: Pod, policies: Iterable[NetworkPolicy], iface: str, family: int = 4
+    pod: Pod,
+    policies: Iterable[NetworkPolicy],
+    iface: str,
+    family: int = 4,
+    allow: str = "ACCEPT",
 ) -> EndpointChains:
     """``cali-tw-<iface>`` and ``cali-fw-<iface>`` for a local pod."""
     tw_name, fw_name = endpoint_chain_names(iface)
     policy_list = list(policies)
-    to_wl = _conntrack_rules() + _policy_jumps(pod, policy_list, "ingress")
-    from_wl = _anti_spoof(pod, family) + _conntrack_rules()
+    to_wl = _conntrack_rules(allow) + _policy_jumps(pod, policy_list, "ingress")
+    from_wl = _anti_spoof(pod, family) + _conntrack_rules(allow)
     from_wl += _policy_jumps(pod, policy_list, "egress")
     return EndpointChains(Chain(tw_name, to_wl), Chain(fw_name, from_wl))
 
 
-def _conntrack_rules() -> tuple[Rule, ...]:
-    """Replies of allowed connections pass; broken ones never do."""
-    return (CONNTRACK_ACCEPT, CONNTRACK_DROP_INVALID)
+def _conntrack_rules(allow: str = "ACCEPT") -> tuple[Rule, ...]:
+    """Replies of allowed connections pass (or return); broken ones never do."""
+    if allow not in ALLOW_ACTIONS:
+        raise ValueError(f"allow action must be one of {ALLOW_ACTIONS}, not {allow!r}")
+    return (Rule(CONNTRACK_ACCEPT.match, allow), CONNTRACK_DROP_INVALID)
 
 
 def _anti_spoof(pod: Pod, family: int) -> tuple[Rule, ...]:
@@ -287,8 +299,12 @@ def desired_state(
     namespaces: Iterable[Namespace],
     local_endpoints: Mapping[str, Pod],
     family: int = 4,
+    allow: str = "ACCEPT",
 ) -> DesiredState:
     """Chains and ipsets for the endpoints on one node (``iface`` → pod).
+
+    ``allow`` is what an endpoint chain does with replies of allowed connections
+    (``ACCEPT`` or ``RETURN``); new connections are only ever marked.
 
     Only policies that apply to some local endpoint are compiled, and only the
     sets their chains use are listed, so a node carries what it needs.
@@ -303,7 +319,7 @@ def desired_state(
     used: dict[str, NetworkPolicy] = {}
     for iface, pod in sorted(local_endpoints.items()):
         candidates = by_namespace.get(pod.namespace, [])
-        eps = endpoint_chains(pod, candidates, iface, family)
+        eps = endpoint_chains(pod, candidates, iface, family, allow)
         chains[eps.to_workload.name] = eps.to_workload
         chains[eps.from_workload.name] = eps.from_workload
         for direction in ("ingress", "egress"):

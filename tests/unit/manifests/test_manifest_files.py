@@ -335,6 +335,7 @@ def test_daemonset_runs_on_every_node(daemonset: dict[str, Any]) -> None:
             "veth_mtu": "1",
             "iptables_backend": "a",
             "default_endpoint_to_host_action": "Drop",
+            "iptables_filter_allow_action": "Accept",
             "log_level": "b",
             "resync_interval": "2",
         },

@@ -1,0 +1,199 @@
+"""Services beside Tabby on real nodes: kube-proxy's own filter rules still decide.
+
+- a Service with no endpoints refuses a pod's connect at once (kube-proxy's REJECT is
+  reached), with and without an egress NetworkPolicy on the client;
+- NodePort: a pod reaches a Service through another node's address;
+- hairpin: a pod reaches itself through its own Service.
+
+The module runs once with kube-proxy in iptables mode (its REJECT sits in the filter
+table's FORWARD chain beside Tabby's, so the order of the two is what is tested) and
+once in nftables mode (kube-proxy's own table rejects before any iptables chain).
+Tabby runs with its default settings (allow action Accept).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Iterator
+
+import pytest
+
+from lab.kubecluster import KubeCluster, KubeSpec
+from tests.helpers import settles
+from tests.integration.nodes.conftest import kube_lab, service_answers, web_service
+
+pytestmark = pytest.mark.integration
+
+NS = "svc"
+REFUSED_WITHIN_S = 0.1
+
+# Run in the pod's netns: connect once, print "<errno name> <seconds>".
+CONNECT = """
+import errno, socket, sys, time
+s = socket.socket()
+s.settimeout(3)
+t = time.monotonic()
+try:
+    s.connect((sys.argv[1], int(sys.argv[2])))
+    name = "CONNECTED"
+except socket.timeout:
+    name = "TIMEOUT"
+except OSError as e:
+    name = errno.errorcode.get(e.errno, str(e.errno))
+print(name, time.monotonic() - t)
+"""
+
+
+@pytest.fixture(scope="module", params=["iptables", "nftables"])
+def kube_cluster(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[KubeCluster]:
+    """Two real nodes, kube-proxy in the given mode, Tabby with its default settings."""
+    yield from kube_lab(tmp_path_factory, KubeSpec(nodes=2, proxy_mode=request.param))
+
+
+def _apply(cluster: KubeCluster, body: dict[str, object]) -> None:
+    cluster.kubectl("apply", "-f", "-", stdin=json.dumps(body))
+
+
+def empty_service(cluster: KubeCluster) -> str:
+    """Service `empty` on port 80 whose selector matches no pod; its ClusterIP."""
+    _apply(
+        cluster,
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": "empty", "namespace": NS},
+            "spec": {"selector": {"app": "nobody"}, "ports": [{"port": 80, "targetPort": 8080}]},
+        },
+    )
+    found = json.loads(cluster.kubectl("-n", NS, "get", "svc", "empty", "-o", "json"))
+    return str(found["spec"]["clusterIP"])
+
+
+def connect(cluster: KubeCluster, pod: str, address: str, port: int) -> tuple[str, float]:
+    """One TCP connect from the pod's netns: the errno name (or CONNECTED) and seconds."""
+    got = cluster.exec(pod, ["python3", "-c", CONNECT, address, str(port)])
+    assert got.returncode == 0, got.stderr
+    name, seconds = got.stdout.split()
+    return name, float(seconds)
+
+
+def refused_quickly(cluster: KubeCluster, pod: str, address: str) -> tuple[str, float]:
+    """The best of a few connects (kube-proxy may still be writing its REJECT at first)."""
+    results: list[tuple[str, float]] = []
+
+    def refused() -> bool:
+        results.append(connect(cluster, pod, address, 80))
+        name, seconds = results[-1]
+        return name == "ECONNREFUSED" and seconds < REFUSED_WITHIN_S
+
+    settles(refused, timeout=20)
+    return results[-1]
+
+
+def filter_rules(cluster: KubeCluster, node: str) -> str:
+    """The node's filter FORWARD chain as iptables-save prints it (for a failure message)."""
+    netns = cluster.node(node).netns
+    saved = subprocess.run(
+        ["ip", "netns", "exec", netns, "iptables-save", "-t", "filter"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout
+    return "\n".join(line for line in saved.splitlines() if line.startswith("-A FORWARD"))
+
+
+@pytest.fixture(scope="module")
+def client(kube_cluster: KubeCluster) -> str:
+    node = kube_cluster.nodes[0].name
+    return kube_cluster.create_pod(NS, "client", node, {"app": "client"}).key
+
+
+def test_a_service_without_endpoints_refuses_at_once(
+    kube_cluster: KubeCluster, client: str
+) -> None:
+    address = empty_service(kube_cluster)
+    name, seconds = refused_quickly(kube_cluster, client, address)
+    rules = filter_rules(kube_cluster, kube_cluster.pods[client].node)
+    print(f"\n[{kube_cluster.spec.proxy_mode}] no endpoints: {name} in {seconds * 1000:.1f} ms")
+    print(rules)
+    assert name == "ECONNREFUSED", f"{name} after {seconds:.3f}s\n{rules}"
+    assert seconds < REFUSED_WITHIN_S, seconds
+
+
+def test_tabbys_verdict_sits_below_kube_proxys_rules(
+    kube_cluster: KubeCluster, client: str
+) -> None:
+    """Tabby's jump first (denies drop before anything), its ACCEPT last."""
+    forward = filter_rules(kube_cluster, kube_cluster.pods[client].node).splitlines()
+    assert "-j cali-FORWARD" in forward[0], forward
+    assert "0x10000/0x10000" in forward[-1] and forward[-1].endswith("-j ACCEPT"), forward
+    kube = [i for i, line in enumerate(forward) if "-j KUBE-" in line]
+    if kube_cluster.spec.proxy_mode == "iptables":
+        assert kube and min(kube) > 0 and max(kube) < len(forward) - 1, forward
+    else:
+        assert not kube, forward
+
+
+def test_refused_with_an_egress_policy_on_the_client(
+    kube_cluster: KubeCluster, client: str
+) -> None:
+    address = empty_service(kube_cluster)
+    kube_cluster.apply_policy(
+        {
+            "metadata": {"name": "client-egress", "namespace": NS},
+            "spec": {
+                "podSelector": {"matchLabels": {"app": "client"}},
+                "policyTypes": ["Egress"],
+                "egress": [{"ports": [{"protocol": "TCP", "port": 80}]}],
+            },
+        }
+    )
+    try:
+        # the policy is in force: a port it does not allow times out (dropped)
+        node = kube_cluster.nodes[1].ip
+        assert settles(lambda: connect(kube_cluster, client, node, 81)[0] == "TIMEOUT", timeout=20)
+        name, seconds = refused_quickly(kube_cluster, client, address)
+        mode = kube_cluster.spec.proxy_mode
+        print(f"\n[{mode}] no endpoints, egress policy: {name} in {seconds * 1000:.1f} ms")
+        assert name == "ECONNREFUSED", f"{name} after {seconds:.3f}s"
+        assert seconds < REFUSED_WITHIN_S, seconds
+    finally:
+        kube_cluster.delete_policy(NS, "client-egress")
+
+
+def test_a_nodeport_answers_through_another_nodes_address(
+    kube_cluster: KubeCluster, client: str
+) -> None:
+    server_node, other = kube_cluster.nodes[1].name, kube_cluster.nodes[1]
+    kube_cluster.create_pod(NS, "web-np", server_node, {"app": "web"})
+    web_service(kube_cluster, NS)
+    kube_cluster.kubectl("-n", NS, "patch", "svc", "web", "-p", '{"spec":{"type":"NodePort"}}')
+    found = json.loads(kube_cluster.kubectl("-n", NS, "get", "svc", "web", "-o", "json"))
+    node_port = found["spec"]["ports"][0]["nodePort"]
+
+    def answers() -> str:
+        url = f"http://{other.ip}:{node_port}/hostname"
+        got = kube_cluster.exec(client, ["curl", "-s", "-m", "2", url])
+        return got.stdout.strip()
+
+    assert settles(lambda: answers() == "web-np", timeout=30), answers()
+
+
+def test_a_pod_reaches_itself_through_its_service(kube_cluster: KubeCluster) -> None:
+    pod = kube_cluster.create_pod(NS, "self", kube_cluster.nodes[0].name, {"app": "self"})
+    _apply(
+        kube_cluster,
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": "self", "namespace": NS},
+            "spec": {"selector": {"app": "self"}, "ports": [{"port": 80, "targetPort": 8080}]},
+        },
+    )
+    found = json.loads(kube_cluster.kubectl("-n", NS, "get", "svc", "self", "-o", "json"))
+    address = str(found["spec"]["clusterIP"])
+    got = lambda: service_answers(kube_cluster, pod.key, address, tries=3)  # noqa: E731
+    assert settles(lambda: got() == {"self"}, timeout=30), got()
