@@ -30,7 +30,7 @@ from datastore.errors import AlreadyExists, NotFound
 from datastore.models import BGPConfiguration, BGPConfigurationSpec, IPPool, IPPoolSpec, Meta
 from lab import netns
 from lab.controlplane import ControlPlane
-from lab.podlab import PodLab
+from lab.podlab import PodLab, clear_workdir
 from lab.process import PidRegistry
 from lab.topology import Lab, Node
 
@@ -91,6 +91,7 @@ class LabCluster(PodLab[PodInfo]):
     def up(cls, workdir: Path, spec: ClusterSpec, progress: Progress = _quiet) -> LabCluster:
         cluster = cls(workdir, spec)
         workdir.mkdir(parents=True, exist_ok=True)
+        clear_workdir(workdir)
         try:
             cluster._start(progress)
         except BaseException:

@@ -34,7 +34,7 @@ from lab import netns
 from lab.cluster import LabCluster
 from lab.controlplane import ControlPlane
 from lab.kubenode import NODE_PATHS, HostMountpoints, KubeNode, MountNamespace, NodeConfig
-from lab.podlab import PodLab
+from lab.podlab import PodLab, clear_workdir
 from lab.process import PidRegistry
 from lab.topology import Lab, Node, cleanup_stale, live_labs
 
@@ -93,12 +93,14 @@ class KubeCluster(PodLab[KubePod]):
         self.kubeconfig = workdir / "controlplane" / "kubeconfig"
         self.apiserver_port = 0
         self.pods: dict[str, KubePod] = {}
+        self.bin_dir: Path | None = None
 
     # -- bring-up -----------------------------------------------------------------------
     @classmethod
     def up(cls, workdir: Path, spec: KubeSpec, progress: Progress = _quiet) -> KubeCluster:
         cluster = cls(workdir, spec)
         workdir.mkdir(parents=True, exist_ok=True)
+        clear_workdir(workdir)
         try:
             cluster._start(progress)
         except BaseException:
@@ -163,9 +165,13 @@ class KubeCluster(PodLab[KubePod]):
         progress("all nodes Ready")
 
     def _bin_dir(self) -> Path:
-        from lab.controlplane import k8s_bin_dir
+        """The Kubernetes binaries this lab was started with (recorded in cluster.json:
+        a later `lab down` must find crictl whatever $TABBY_CACHE_DIR says then)."""
+        if self.bin_dir is None:
+            from lab.controlplane import k8s_bin_dir
 
-        return k8s_bin_dir()
+            self.bin_dir = k8s_bin_dir()
+        return self.bin_dir
 
     def install_tabby(self) -> None:
         """`kubectl apply -k manifests/`: CRDs, RBAC, ConfigMap, DaemonSet, controllers."""
@@ -417,10 +423,15 @@ class KubeCluster(PodLab[KubePod]):
         )
 
     # -- persistence and teardown -------------------------------------------------------
+    def _extra_state(self) -> dict[str, Any]:
+        return {"bin_dir": str(self._bin_dir())}
+
     @classmethod
     def load(cls, workdir: Path) -> KubeCluster:
         state = json.loads((workdir / "cluster.json").read_text())
         cluster = cls(workdir, KubeSpec(**state["spec"]))
+        if state.get("bin_dir"):
+            cluster.bin_dir = Path(state["bin_dir"])
         if state["lab_id"]:
             cluster.lab = Lab.load(state["lab_id"])
             config = NodeConfig(

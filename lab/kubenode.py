@@ -333,17 +333,33 @@ class KubeNode:
         self.kubelet = self._start("kubelet", self._kubelet_argv())
 
     def stop(self) -> None:
-        """kubelet first (it would recreate sandboxes), then pods, containerd, the rest."""
-        self.stop_kubelet()
-        self.containerd.remove_pods()
-        self._stop_daemon("kube-proxy", self.kube_proxy)
-        self.kube_proxy = None
-        self._stop_daemon("containerd", self.containerd.process)
-        self.containerd.process = None
-        self.cgroups.kill_leftovers()
-        time.sleep(0.2)
+        """kubelet first (it would recreate sandboxes), then pods, containerd, the rest.
+
+        Every step runs whatever an earlier one raised: what is left running in the
+        node's cgroups is killed by PID and its mount namespace released regardless.
+        """
+        errors: list[str] = []
+        steps = (
+            ("kubelet", self.stop_kubelet),
+            ("pods", self.containerd.remove_pods),
+            ("kube-proxy", lambda: self._stop_daemon("kube-proxy", self.kube_proxy)),
+            ("containerd", lambda: self._stop_daemon("containerd", self.containerd.process)),
+            ("leftovers", self.cgroups.kill_leftovers),
+            ("cgroups", self._remove_cgroups),
+            ("mount namespace", self.mountns.destroy),
+        )
+        for name, step in steps:
+            try:
+                step()
+            except Exception as exc:  # teardown goes on; reported at the end
+                errors.append(f"{name}: {exc}")
+        self.kube_proxy = self.containerd.process = None
+        if errors:
+            raise RuntimeError(f"stopping {self.node.name}: " + "; ".join(errors))
+
+    def _remove_cgroups(self) -> None:
+        time.sleep(0.2)  # killed processes leave their cgroups a moment later
         self.cgroups.remove()
-        self.mountns.destroy()
 
     def wait_ready(self, kubectl: list[str], timeout: float = READY_TIMEOUT_S) -> None:
         """Until the Node object reports Ready (needs a CNI config: Tabby installed)."""

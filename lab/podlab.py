@@ -8,14 +8,20 @@ either lab and its pods again.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
+from lab.process import PidRegistry
 from lab.statefile import atomic_write, locked
 from lab.topology import Lab
+
+# A lab work dir's state besides cluster.json: the control plane (etcd data,
+# certificates), the nodes' dirs, the installed CNI plugin.
+STATE_DIRS = ("controlplane", "nodes", "cni-bin")
 
 
 class Keyed(Protocol):
@@ -27,6 +33,18 @@ class Keyed(Protocol):
 
 
 PodT = TypeVar("PodT", bound=Keyed)
+
+
+def clear_workdir(workdir: Path) -> None:
+    """What an earlier lab left in its work dir: its daemons (by PID) and its state.
+
+    `tabbyctl lab up` refuses a work dir with a cluster.json, so anything else there
+    is stale; an old etcd data dir would otherwise bring back that lab's Nodes and
+    Pods into the new cluster.
+    """
+    PidRegistry(workdir / "controlplane" / "pids.json").kill_leftovers()
+    for name in STATE_DIRS:
+        shutil.rmtree(workdir / name, ignore_errors=True)
 
 
 class PodLab(Generic[PodT]):
@@ -56,6 +74,10 @@ class PodLab(Generic[PodT]):
                 return True
         return False
 
+    def _extra_state(self) -> dict[str, Any]:
+        """What a lab kind adds to cluster.json."""
+        return {}
+
     def _save(
         self, added: PodT | None = None, removed: str | None = None, *, fresh: bool = False
     ) -> None:
@@ -82,5 +104,6 @@ class PodLab(Generic[PodT]):
                 "lab_id": self.lab.lab_id if self.lab else None,
                 "apiserver_port": self.apiserver_port,
                 "pods": {k: asdict(v) for k, v in self.pods.items()},  # type: ignore[call-overload]
+                **self._extra_state(),
             }
             atomic_write(path, json.dumps(state, indent=1))

@@ -29,6 +29,7 @@ import click
 
 from lab.cluster import ClusterSpec, LabCluster
 from lab.kubecluster import KubeCluster, KubeSpec, load_lab, tabby_pods_by_node
+from lab.podlab import clear_workdir
 from tabbyctl.output import emit_data, emit_table, fail, output_option
 
 DEFAULT_WORKDIR = Path(os.environ.get("TABBY_LAB_DIR", "/run/tabby-labs/default"))
@@ -265,8 +266,9 @@ def down(workdir: Path) -> None:
     """Stop everything the lab started and remove its namespaces."""
     cluster = _load(workdir)
     cluster.down()
+    clear_workdir(workdir)  # etcd data, certificates, node dirs: nothing carries over
     (workdir / "cluster.json").unlink(missing_ok=True)
-    (workdir / "cluster.json.lock").unlink(missing_ok=True)  # lab/cluster.py _save's lock
+    (workdir / "cluster.json.lock").unlink(missing_ok=True)  # lab/podlab.py _save's lock
     click.echo("lab removed")
 
 
@@ -357,18 +359,22 @@ def _service_demo(cluster: KubeCluster, when: str, requests: int = 6) -> None:
     cluster.kubectl("apply", "-f", "-", stdin=json.dumps(SERVICE))
     service = json.loads(cluster.kubectl("-n", "demo", "get", "svc", "web", "-o", "json"))
     address = service["spec"]["clusterIP"]
+    url = f"http://{address}/hostname"
+    deadline = time.monotonic() + 20  # kube-proxy programs a new Service within seconds
+    while time.monotonic() < deadline:
+        if cluster.exec("demo/client", ["curl", "-s", "-m", "1", url], timeout=5).returncode == 0:
+            break
+        time.sleep(0.5)
     rows = []
     for source in ("demo/client", "other/intruder"):
         answers = []
         for _ in range(requests):
-            proc = cluster.exec(
-                source, ["curl", "-s", "-m", "2", f"http://{address}/hostname"], timeout=10
-            )
+            proc = cluster.exec(source, ["curl", "-s", "-m", "2", url], timeout=10)
             answers.append(proc.stdout.strip() if proc.returncode == 0 else "no answer")
         counts = {a: answers.count(a) for a in sorted(set(answers))}
         rows.append([source, ", ".join(f"{a} x{n}" for a, n in counts.items())])
     emit_table(
-        f"Service demo/web ({address}:80, kube-proxy) {when}: {requests} requests each",
-        ["FROM", "ANSWERED BY"],
+        f"Service demo/web {address}:80 via kube-proxy, {when}",
+        ["FROM", f"ANSWERED BY ({requests} requests)"],
         rows,
     )
