@@ -195,7 +195,10 @@ def test_speaker_killed_is_restarted_and_routes_come_back(lab: Lab, tmp_path: Pa
     assert all(samples), samples
     assert a.speaker.restarts == 1
     assert a.speaker.pid not in (None, first_pid)
-    assert "10.244.2.0/26 via 10.99.0.2 proto 81" in a.kernel()
+    # a's new ExaBGP learns b's block over the new session a moment after b sees it up
+    # (a CI run once checked in between: only a's own blackhole was there yet).
+    via_b = "10.244.2.0/26 via 10.99.0.2 proto 81"
+    wait_for(lambda: via_b in a.kernel(), timeout=20, what="a to install b's block again")
 
 
 def test_without_graceful_restart_a_dead_peers_routes_go_at_once(lab: Lab, tmp_path: Path) -> None:
