@@ -47,7 +47,7 @@ test-nodes: venv images
 
 # The README's test command: installs what is missing, lints, then runs both tiers.
 test: deps venv build images lint
-	$(PYTEST) tests/unit tests/integration -q
+	$(PYTEST) tests/unit tests/integration -q --durations=15
 
 # The README's first command: a 3-node lab with pods, BGP and a policy. `make demo-down` ends it.
 demo: deps venv build images

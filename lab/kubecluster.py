@@ -369,6 +369,49 @@ class KubeCluster(PodLab[KubePod]):
             )  # fmt: skip
         return f"--- events ---\n{events}\n--- tabby-node on {node} ---\n{agent_log}"
 
+    def network_diagnostics(self, nodes: Sequence[str], pods: Sequence[str] = ()) -> str:
+        """What decides reachability, for a failing test's message: per node its routes,
+        BGP peers (the agent's status file) and block affinities; per pod its record,
+        addresses and routes inside its namespace; the agents' last log lines."""
+        affinities: dict[str, list[str]] = {}
+        with contextlib.suppress(Exception):
+            items, _ = self.datastore().list_raw(kinds.BLOCKAFFINITY)
+            for item in items:
+                spec = item.get("spec", {})
+                affinities.setdefault(spec.get("node", "?"), []).append(spec.get("cidr", "?"))
+        parts = []
+        for name in nodes:
+            routes = netns.ip(self.node(name).netns, "route", "show", check=False)
+            status = self.run_dir(name) / "bgp-status.json"
+            try:
+                peers = json.loads(status.read_text()).get("peers", [])
+                bgp = "\n".join(
+                    f"  {p.get('node')} {p.get('address')}: {p.get('state')} ({p.get('info')}),"
+                    f" {p.get('routesReceived')} routes received, since {p.get('since')}"
+                    for p in peers
+                )
+            except (OSError, ValueError) as exc:
+                bgp = f"  (no status: {exc})"
+            parts.append(
+                f"=== node {name}: affinities {sorted(affinities.get(name, []))}\n"
+                f"--- routes ---\n{routes}--- bgp peers ---\n{bgp}"
+            )
+        for key in pods:
+            info = self.pods.get(key)
+            inside = self.exec(key, ["ip", "-o", "addr"]).stdout if info else ""
+            inside += self.exec(key, ["ip", "route"]).stdout if info else ""
+            parts.append(f"=== pod {key}: {info}\n{inside}")
+        agents = tabby_pods_by_node(self)
+        for name in nodes:
+            agent = agents.get(name, {}).get("pod")
+            if agent:
+                logs = self.kubectl(
+                    "-n", TABBY_NAMESPACE, "logs", agent, "-c", "tabby-node", "--tail=20",
+                    check=False,
+                )  # fmt: skip
+                parts.append(f"=== tabby-node {agent} on {name} (last 20 lines)\n{logs}")
+        return "\n".join(parts)
+
     def _pod_from_api(self, namespace: str, name: str) -> KubePod:
         obj = json.loads(self.kubectl("-n", namespace, "get", "pod", name, "-o", "json"))
         return KubePod(

@@ -6,6 +6,7 @@ network namespace by accident.
 
 from __future__ import annotations
 
+import os
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
@@ -51,6 +52,27 @@ def add(netns: str) -> None:
     run(["ip", "netns", "add", netns])
     CREATED.add(netns)
     ip(netns, "link", "set", "lo", "up")
+
+
+def netns_dir_mounted() -> bool:
+    """Whether /run/netns is already the shared mount `ip netns add` makes on first use."""
+    mounts = Path("/proc/self/mountinfo").read_text().splitlines()
+    return any(line.split()[4] == str(NETNS_DIR) for line in mounts)
+
+
+def prepare_netns_dir() -> None:
+    """Make /run/netns the way the first `ip netns add` on a machine leaves it.
+
+    iproute2 mounts /run/netns (a shared bind mount of itself) the first time any
+    namespace is added and never unmounts it. That is machine set-up, not a test's
+    leftover: doing it once up front keeps the first test on a fresh machine from
+    being blamed for it. A throwaway namespace makes iproute2 do it exactly its way.
+    """
+    if netns_dir_mounted():
+        return
+    scratch = f"tabby-setup-{os.getpid()}"
+    run(["ip", "netns", "add", scratch])
+    run(["ip", "netns", "delete", scratch])
 
 
 def pids_in(netns: str) -> list[int]:

@@ -93,6 +93,13 @@ def _mounts() -> set[str]:
     return {line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()}
 
 
+@pytest.fixture(scope="session", autouse=True)
+def netns_dir_prepared() -> None:
+    """/run/netns mounted before the first leftover snapshot (see prepare_netns_dir)."""
+    if os.geteuid() == 0:
+        netns.prepare_netns_dir()
+
+
 @pytest.fixture(scope="session")
 def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
     """One etcd + kube-apiserver for the session, with Tabby's CRDs installed."""

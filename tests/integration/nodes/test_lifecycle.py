@@ -105,7 +105,9 @@ def test_a_recreated_sandbox_is_networked_again_without_a_duplicate_address(
     again = kube_cluster._pod_from_api("life", "phoenix")
     kube_cluster.pods[pod.key] = again
     assert again.ip.startswith("10.244.")
-    assert settles(lambda: kube_cluster.can_reach(peer.key, pod.key), timeout=20)
+    assert settles(lambda: kube_cluster.can_reach(peer.key, pod.key), timeout=20), (
+        kube_cluster.network_diagnostics([node, peer.node], [peer.key, pod.key])
+    )
     # One address per pod: the dead sandbox's was released (CNI DEL), none leaked.
     assert settles(lambda: _ipam_check(kube_cluster).returncode == 0, timeout=30), _ipam_check(
         kube_cluster
@@ -253,12 +255,24 @@ def test_a_deleted_node_is_cleaned_up_and_rejoins(kube_cluster: KubeCluster) -> 
         "tabby-controllers did not release the deleted node's affinities"
     )
 
-    kube_node.start_kubelet()  # the node registers again, as after a reinstall
+    # As after a reinstall, and whatever the timing: the pod GC has deleted the pods
+    # bound to the deleted Node (tabby-node's among them) before it registers again,
+    # so kubelet tears them down and the DaemonSet starts a new agent.
+    def pods_on(node: str) -> list[str]:
+        items = _json(
+            kube_cluster, "get", "pods", "-A", "--field-selector", f"spec.nodeName={node}"
+        )
+        return [f"{p['metadata']['namespace']}/{p['metadata']['name']}" for p in items["items"]]
+
+    assert settles(lambda: not pods_on(gone), timeout=150), pods_on(gone)
+    kube_node.start_kubelet()
     kube_node.wait_ready(kube_cluster.kubectl_argv(), timeout=120)
     kube_cluster.wait_daemonset()
     assert settles(lambda: peers(observer) == expected_peers, timeout=60), peers(observer)
     assert settles(lambda: peers(gone) == expected_peers, timeout=60), peers(gone)
     newcomer = kube_cluster.create_pod("rejoin", "newcomer", gone)
     local = kube_cluster.create_pod("rejoin", "local", observer)
-    assert settles(lambda: kube_cluster.can_reach(local.key, newcomer.key), timeout=30)
+    assert settles(lambda: kube_cluster.can_reach(local.key, newcomer.key), timeout=30), (
+        kube_cluster.network_diagnostics([observer, gone], [local.key, newcomer.key])
+    )
     assert settles(lambda: _ipam_check(kube_cluster).returncode == 0, timeout=60)
