@@ -5,7 +5,7 @@ PYTEST := $(PY) -m pytest
 STAMP := .venv/.installed
 export TABBY_CACHE_DIR ?= $(CURDIR)/.cache
 
-.PHONY: all deps venv build images lint test test-unit test-integration test-nodes demo demo-down clean
+.PHONY: all deps venv build images lint test test-unit test-integration test-nodes conformance demo demo-down clean
 
 all: test
 
@@ -20,8 +20,10 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
+# The Kubernetes binaries, then the upstream policy suites (e2e Netpol, cyclonus, ginkgo).
 build: deps
 	hack/build-k8s.sh >/dev/null
+	hack/build-e2e.sh >/dev/null
 
 # The lab nodes' images (pause, agnhost, tabby), no Docker daemon: lab/images.py.
 # `tabbyctl lab up` builds what is missing itself; this only does it ahead of time.
@@ -48,6 +50,15 @@ test-nodes: venv images
 # The README's test command: installs what is missing, lints, then runs both tiers.
 test: deps venv build images lint
 	$(PYTEST) tests/unit tests/integration -q --durations=15
+
+# The upstream suites on a fresh 3-node real-node lab: the e2e Netpol focus, the
+# Services specs, cyclonus by pod IP and by Service IP; then the Services specs on a
+# ptp + host-local lab for comparison. Writes docs/conformance.md and
+# build/conformance/. POLICY=kube-network-policies: the reference implementation
+# enforces instead of Tabby (docs/conformance-kube-network-policies.md).
+POLICY ?= tabby
+conformance: deps venv build images
+	$(PY) -m lab.conformance --policy $(POLICY) $(CONFORMANCE_ARGS)
 
 # The README's first command: a 3-node lab with pods, BGP and a policy. `make demo-down` ends it.
 demo: deps venv build images

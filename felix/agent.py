@@ -268,6 +268,7 @@ class Agent:
         self.health: HealthServer | None = None
         self.bgp: BGPController | None = None
         self.policy: PolicyDataplane | None = None
+        self._node_missing = False  # our Node object was absent on the last pass
         self.recovered: dict[str, tuple[str, str, str]] = {}
         self.allocator: IPAMAllocator | None = None
         self._vxlan_address: IPv4Address | None = None
@@ -685,10 +686,16 @@ class Agent:
         if not self.config.node_ip:
             return
         if not any(n["metadata"]["name"] == self.config.node_name for n in self._objects("nodes")):
-            log.warning(
-                "Node %s does not exist; its BGP address is not published", self.config.node_name
-            )
+            if not self._node_missing:  # once per absence, not on every pass
+                log.warning(
+                    "Node %s does not exist; its BGP address is not published",
+                    self.config.node_name,
+                )
+            self._node_missing = True
             return
+        if self._node_missing:
+            log.info("Node %s exists again; publishing its BGP address", self.config.node_name)
+        self._node_missing = False
         self._annotate_node({IPV4_ADDRESS: self.config.node_ip})
 
     def status(self) -> dict[str, Any]:
@@ -807,7 +814,13 @@ def parse_args(argv: list[str] | None = None) -> AgentConfig:
         help="This node's address/prefix for BGP, e.g. 172.31.0.11/24",
     )
     parser.add_argument("--no-bgp", action="store_true", help="Do not run the BGP speaker")
-    parser.add_argument("--no-policy", action="store_true", help="Do not program NetworkPolicy")
+    parser.add_argument(
+        "--no-policy",
+        action="store_true",
+        default=os.environ.get("TABBY_POLICY", "on") == "off",
+        help="Do not program NetworkPolicy: another engine enforces it "
+        "($TABBY_POLICY=off; default on)",
+    )
     parser.add_argument(
         "--iptables-backend",
         default=os.environ.get("TABBY_IPTABLES_BACKEND", "auto"),
@@ -832,6 +845,8 @@ def parse_args(argv: list[str] | None = None) -> AgentConfig:
         "chains' later rules and policy decide); $TABBY_IPTABLES_FILTER_ALLOW_ACTION",
     )
     opts = parser.parse_args(argv)
+    if os.environ.get("TABBY_POLICY", "on") not in ("on", "off"):
+        parser.error(f"$TABBY_POLICY must be on or off, got {os.environ['TABBY_POLICY']!r}")
     if not opts.node_name:
         parser.error("--node-name (or $NODENAME) is required")
     try:

@@ -25,6 +25,9 @@ iptables filter chain, so neither setting hides its REJECT.
             clear the accept mark
             -> cali-from-wl-dispatch (the pod's egress policy; replies to the node's own
                connections are accepted there by conntrack, after anti-spoofing)
+            the node's BGP port (179) is dropped, whatever the action
+            with DROP, a connection a Service DNAT'ed to this node (a hostNetwork
+            endpoint) is allowed
             the configured endpoint-to-host action: DROP (default), ACCEPT, or RETURN
             (back to the kernel's INPUT: the host's own rules decide)
         nothing else: traffic that did not come from a pod is never judged here
@@ -52,6 +55,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+from bgp.config import DEFAULT_PORT as BGP_PORT
 from felix.dataplane import apply_in_order
 from felix.dataplane.backend import detect_backend
 from felix.dataplane.ipsets import IpsetManager
@@ -74,6 +78,8 @@ EndpointToHostAction = Literal["DROP", "ACCEPT", "RETURN"]
 ENDPOINT_TO_HOST_ACTIONS: tuple[EndpointToHostAction, ...] = ("DROP", "ACCEPT", "RETURN")
 DEFAULT_ENDPOINT_TO_HOST_ACTION: EndpointToHostAction = "DROP"
 CONFIGURED_COMMENT = "configured DefaultEndpointToHostAction"
+SERVICE_TO_HOST_COMMENT = "a Service's endpoint on this node"
+BGP_PORT_COMMENT = "the node's BGP port"
 
 # What Tabby's filter rules do with what they allow (Calico's IptablesFilterAllowAction).
 FilterAllowAction = Literal["ACCEPT", "RETURN"]
@@ -135,6 +141,15 @@ def _wl_to_host(
     inside it and anything denied was dropped. ACCEPT and RETURN still check the mark,
     so a dispatch that ever returned without a verdict fails closed. With the RETURN
     allow action those replies come back here unmarked: they return to INPUT.
+
+    Whatever the action, a pod never reaches the node's BGP port: Tabby's own listener
+    (its health and metrics server listens on loopback only, out of a pod's reach).
+
+    DROP spares one thing: a connection a Service DNAT'ed to this node (conntrack state
+    DNAT: kube-proxy chose a hostNetwork endpoint, such as the apiserver behind
+    `kubernetes` on a control-plane node). The cluster exposed that endpoint on purpose;
+    the pod's egress policy has judged it already. Dialled directly, the same port is
+    still dropped.
     """
     configured = ("-m", "comment", "--comment", CONFIGURED_COMMENT)
     rules: list[tuple[str, ...]] = [
@@ -143,7 +158,12 @@ def _wl_to_host(
     ]
     if allow == "RETURN":
         rules.append(("-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED", "-j", "RETURN"))
+    rules.append(("-p", "tcp", "--dport", str(BGP_PORT), "-m", "comment", "--comment",
+                  BGP_PORT_COMMENT, "-j", "DROP"))  # fmt: skip
     if action == "DROP":
+        service = ("-m", "comment", "--comment", SERVICE_TO_HOST_COMMENT)
+        rules.append(("-m", "mark", "--mark", MARK, "-m", "conntrack", "--ctstate", "DNAT",
+                      *service, "-j", allow))  # fmt: skip
         rules.append((*configured, "-j", "DROP"))
     else:
         rules.append(("-m", "mark", "--mark", MARK, *configured, "-j", action))

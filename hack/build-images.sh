@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build the container images a lab node's containerd needs (pause, agnhost, tabby),
+# Build the container images a lab node's containerd needs (pause, agnhost, coredns, tabby),
 # with no Docker daemon and no registry: see lab/images.py. Cached under
 # $TABBY_CACHE_DIR/images/; prints each image's name, archive, size and seconds.
 # Needs root (mmdebstrap --mode=root) and hack/install-deps.sh's packages.

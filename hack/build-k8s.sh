@@ -3,7 +3,8 @@
 # the node and control-plane daemons (kubelet, kube-proxy, kube-scheduler,
 # kube-controller-manager) plus the agnhost test binary from k8s.io/kubernetes, etcd from go.etcd.io/etcd/server/v3 (both through the Go
 # module proxy via the wrapper modules in hack/go/), crictl from sigs.k8s.io/cri-tools,
-# and the pause binary from the C source shipped in the k8s.io/kubernetes module.
+# the pause binary from the C source shipped in the k8s.io/kubernetes module, and
+# CoreDNS (github.com/coredns/coredns, the lab's cluster DNS).
 # Binaries land in a cache folder keyed by version and are rebuilt only when missing.
 #
 # Usage: hack/build-k8s.sh            build what is missing, print the bin dir
@@ -13,6 +14,7 @@ set -euo pipefail
 K8S_VERSION=v1.36.3
 ETCD_VERSION=v3.6.16
 CRICTL_VERSION=v1.37.0
+COREDNS_VERSION=v1.14.7  # lab/images.py COREDNS_IMAGE carries the same tag
 # The tag the pinned e2e framework's image manifest names (imageutils.Agnhost).
 AGNHOST_TAG=2.63.0
 K8S_COMMANDS=(kube-apiserver kubectl kubelet kube-proxy kube-scheduler kube-controller-manager)
@@ -62,6 +64,13 @@ build_crictl() {
     "sigs.k8s.io/cri-tools/cmd/crictl@$CRICTL_VERSION"
 }
 
+build_coredns() {
+  # Every in-tree plugin (its default plugin.cfg): ~2.5 min cold on 2 cores.
+  log "building coredns $COREDNS_VERSION"
+  GOFLAGS= GOBIN=$bindir go install -trimpath -ldflags "-s -w" \
+    "github.com/coredns/coredns@$COREDNS_VERSION"
+}
+
 build_pause() {
   # The sandbox's first process; upstream builds it the same way (build/pause/Makefile).
   local src
@@ -77,8 +86,11 @@ build_k8s
 [[ -x $bindir/etcd ]] || build_etcd
 [[ -x $bindir/crictl ]] || build_crictl
 [[ -x $bindir/pause ]] || build_pause
+# Its binary is not named by version: the stamp says which one is there.
+[[ -x $bindir/coredns ]] && grep -qx "coredns=$COREDNS_VERSION" "$bindir/VERSIONS" 2>/dev/null \
+  || build_coredns
 printf '%s\n' "kubernetes=$K8S_VERSION" "etcd=$ETCD_VERSION" "crictl=$CRICTL_VERSION" \
-  "agnhost=$AGNHOST_TAG" \
+  "agnhost=$AGNHOST_TAG" "coredns=$COREDNS_VERSION" \
   > "$bindir/VERSIONS"
 log "binaries ready in $(( $(date +%s) - start ))s: $bindir"
 echo "$bindir"

@@ -6,7 +6,7 @@ set -euo pipefail
 PACKAGES=(iproute2 iptables ipset conntrack nftables socat tcpdump ethtool procps psmisc
   containerd runc containernetworking-plugins bird2 gobgpd iperf3 busybox-static skopeo umoci
   mmdebstrap
-  openssl iputils-ping netcat-openbsd curl)
+  openssl iputils-ping netcat-openbsd curl wget dash)
 
 missing=()
 for pkg in "${PACKAGES[@]}"; do

@@ -7,9 +7,12 @@ pulled):
 - pause (the sandbox), from lab.runtime.build_pause_image;
 - agnhost (`registry.k8s.io/e2e-test-images/agnhost:2.63.0`), the upstream e2e test
   server: the binary hack/build-k8s.sh built, the upstream layout (/agnhost,
-  /agnhost-2, ENTRYPOINT /agnhost, CMD pause), busybox as /bin/sh with every applet,
-  and the host's bash with the libraries ldd names (network-policy-api runs
-  `/bin/bash -c "/agnhost ..."`);
+  /agnhost-2, ENTRYPOINT /agnhost, CMD pause), busybox with every applet, and the
+  host's dash (/bin/sh), bash, curl, wget, nc (OpenBSD) and ip with their libraries, as
+  upstream's alpine image adds them (network-policy-api runs `/bin/bash -c
+  "/agnhost ..."`, the Services specs exec curl and `nc -u`);
+- coredns (`registry.k8s.io/coredns/coredns:v1.14.7`), the cluster DNS the lab deploys
+  (lab/coredns.yaml): the static binary hack/build-k8s.sh built, at /coredns;
 - tabby (`image: tabby:0.1.0` in manifests/, which containerd's CRI plugin reads as
   `docker.io/library/tabby:0.1.0`): what the DaemonSet and the controllers run.
 
@@ -52,8 +55,9 @@ import sys
 import tarfile
 import time
 import tomllib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from lab.runtime import PAUSE_IMAGE, build_pause_image
@@ -63,6 +67,13 @@ log = logging.getLogger(__name__)
 REPO = Path(__file__).resolve().parent.parent
 
 AGNHOST_IMAGE = "registry.k8s.io/e2e-test-images/agnhost:2.63.0"
+# The same image under the older tags the upstream policy suites pin (cyclonus v0.5.6: 2.43,
+# network-policy-api v0.3.0 conformance: 2.45). There is no registry to pull those from; the
+# subcommands they run (serve-hostname, connect, porter) are unchanged in 2.63.0.
+AGNHOST_ALIASES = (
+    "registry.k8s.io/e2e-test-images/agnhost:2.43",
+    "registry.k8s.io/e2e-test-images/agnhost:2.45",
+)
 # The manifests say `image: tabby:0.1.0`; containerd's CRI normalises it to this.
 TABBY_IMAGE = "docker.io/library/tabby:0.1.0"
 
@@ -94,7 +105,10 @@ IMAGE_PATH = f"{VENV}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbi
 # Bump when the recipe changes in a way the constants above do not show.
 BASE_RECIPE_VERSION = 1
 TOP_RECIPE_VERSION = 1
-AGNHOST_RECIPE_VERSION = 1
+AGNHOST_RECIPE_VERSION = 2
+# The lab's cluster DNS (lab/coredns.yaml); the tag is the version hack/build-k8s.sh builds.
+COREDNS_IMAGE = "registry.k8s.io/coredns/coredns:v1.14.7"
+COREDNS_RECIPE_VERSION = 1
 # Layer entries get a fixed time: the same input gives the same layer digest.
 LAYER_MTIME = 315532800  # 1980-01-01, as in wheels
 KEEP_ARCHIVES = 2  # per image: the current one and the one before
@@ -238,8 +252,11 @@ def _oci_image(layout: Path, tag: str, layers: Iterable[Path], config: Sequence[
     _run(["umoci", "config", "--image", f"{layout}:{tag}", *config])
 
 
-def _docker_archive(layout: Path, tag: str, name: str, archive: Path, tmp: Path) -> Path:
-    """skopeo copy to a docker-archive named `name` (RepoTags set), published atomically."""
+def _docker_archive(
+    layout: Path, tag: str, name: str, archive: Path, tmp: Path, aliases: Sequence[str] = ()
+) -> Path:
+    """skopeo copy to a docker-archive named `name` and `aliases` (RepoTags), published
+    atomically."""
     partial = archive.with_name(f".{archive.name}.{os.getpid()}.partial")
     partial.unlink(missing_ok=True)
     tmp.mkdir(parents=True, exist_ok=True)
@@ -247,6 +264,7 @@ def _docker_archive(layout: Path, tag: str, name: str, archive: Path, tmp: Path)
         _run(
             [
                 "skopeo", "--insecure-policy", "--tmpdir", tmp, "copy", "--quiet",
+                *(a for alias in aliases for a in ("--additional-tag", alias)),
                 f"oci:{layout}:{tag}", f"docker-archive:{partial}:{name}",
             ],
             timeout=900,
@@ -284,12 +302,32 @@ def _shared_libraries(binary: Path) -> list[Path]:
     return [Path(p) for p in ldd_paths(proc.stdout)] if proc.returncode == 0 else []
 
 
+# What upstream's alpine-based image adds with `apk add curl netcat-openbsd iproute2 bash`:
+# its path in the image → the host command that provides it (hack/install-deps.sh). The
+# e2e Services specs exec `curl` and `nc -u` in agnhost pods, network-policy-api runs
+# `/bin/bash -c`; busybox's applets stand in for the rest of alpine. /bin/sh is dash:
+# Debian's busybox shell runs its own applets before PATH (FEATURE_SH_STANDALONE), so
+# `sh -c "nc -u ..."` would get busybox's nc, which has no -u; alpine's shell does not.
+# wget is GNU wget: Debian's busybox 1.35 wget dies of SIGSEGV on `-T` (a timeout) before
+# it connects, and the Services specs run `wget -q -O - -T 1`.
+AGNHOST_HOST_TOOLS = {
+    "bin/sh": "dash",
+    "bin/bash": "bash",
+    "usr/bin/curl": "curl",
+    "usr/bin/wget": "wget",
+    "usr/bin/nc": "nc.openbsd",
+    "sbin/ip": "ip",
+}
+
+
 def busybox_applets(list_full: str) -> list[str]:
-    """`busybox --list-full` lines (`usr/bin/wget`), minus busybox itself and bash."""
+    """`busybox --list-full` lines (`usr/bin/wget`), minus busybox itself and the
+    commands the image takes from the host instead (sh, bash, curl, wget, nc, ip)."""
+    replaced = {"busybox", *(Path(path).name for path in AGNHOST_HOST_TOOLS)}
     return [
         line.strip()
         for line in list_full.splitlines()
-        if line.strip() and Path(line.strip()).name not in {"busybox", "bash"}
+        if line.strip() and Path(line.strip()).name not in replaced
     ]
 
 
@@ -297,32 +335,41 @@ def busybox_applets(list_full: str) -> list[str]:
 class AgnhostInputs:
     agnhost: Path
     busybox: Path
-    bash: Path
+    tools: dict[str, Path]  # image path → host binary (AGNHOST_HOST_TOOLS)
 
     @classmethod
     def find(cls, bin_dir: Path) -> AgnhostInputs:
         agnhost = bin_dir / "agnhost"
         if not agnhost.is_file():
             raise ImageBuildError(f"{agnhost} is missing: run hack/build-k8s.sh")
-        tools = {name: shutil.which(name) for name in ("busybox", "bash")}
-        missing = [name for name, path in tools.items() if path is None]
+        commands = {"busybox": "busybox", **AGNHOST_HOST_TOOLS}
+        found = {path: shutil.which(command) for path, command in commands.items()}
+        missing = sorted(commands[path] for path, where in found.items() if where is None)
         if missing:
             raise ImageBuildError(f"not on PATH: {missing} (hack/install-deps.sh)")
-        return cls(agnhost, Path(str(tools["busybox"])), Path(str(tools["bash"])))
+        tools = {path: Path(str(found[path])).resolve() for path in AGNHOST_HOST_TOOLS}
+        return cls(agnhost, Path(str(found["busybox"])), tools)
+
+    def libraries(self) -> list[Path]:
+        """The shared libraries the host tools load (ldd), each once."""
+        libs = (lib for tool in self.tools.values() for lib in _shared_libraries(tool))
+        return sorted(set(libs))
 
     def key(self) -> str:
-        files = [self.agnhost, self.busybox, self.bash, *_shared_libraries(self.bash)]
+        files = [self.agnhost, self.busybox, *self.tools.values(), *self.libraries()]
         return _key(
             {
                 "recipe": AGNHOST_RECIPE_VERSION,
                 "image": AGNHOST_IMAGE,
+                "aliases": AGNHOST_ALIASES,
                 "files": {str(f): sha256_file(f) for f in files},
             }
         )
 
 
-def write_agnhost_layer(layer: Layer, inputs: AgnhostInputs) -> None:
-    """Upstream's layout (/agnhost, agnhost-2) plus busybox and bash for the tests' shells."""
+def write_agnhost_layer(layer: Layer, *, inputs: AgnhostInputs) -> None:
+    """Upstream's layout (/agnhost, agnhost-2) plus busybox and the host's dash (as
+    /bin/sh), bash, curl, wget, nc and ip (with their libraries) for the tests' shells."""
     layer.host_file("agnhost", inputs.agnhost, 0o755)
     # Upstream: entrypoint tests override the entrypoint with agnhost-2.
     layer.symlink("agnhost-2", "agnhost")
@@ -330,8 +377,9 @@ def write_agnhost_layer(layer: Layer, inputs: AgnhostInputs) -> None:
     applets = _run([inputs.busybox, "--list-full"])
     for applet in busybox_applets(applets):
         layer.symlink(applet, "/bin/busybox")
-    layer.host_file("bin/bash", inputs.bash, 0o755)
-    for lib in _shared_libraries(inputs.bash):
+    for path, tool in sorted(inputs.tools.items()):
+        layer.host_file(path, tool, 0o755)
+    for lib in inputs.libraries():
         layer.host_file(str(lib), lib.resolve())
     layer.file("etc/passwd", b"root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534::/:/bin/false\n")
     layer.file("etc/group", b"root:x:0:\nnogroup:x:65534:\n")
@@ -341,26 +389,67 @@ def write_agnhost_layer(layer: Layer, inputs: AgnhostInputs) -> None:
 
 
 def build_agnhost_image(bin_dir: Path, cache: Path | None = None) -> Path:
-    """The agnhost archive, rebuilt only when agnhost, busybox or bash changed."""
-    cache = cache or images_dir()
+    """The agnhost archive, rebuilt only when agnhost, busybox or a host tool changed."""
     inputs = AgnhostInputs.find(bin_dir)
-    key = inputs.key()
-    archive = cache / f"agnhost-{key[:16]}.tar"
-    with _locked(cache, "agnhost"):
-        _clear_stale(cache, "agnhost-*")
+    image = OneLayerImage(
+        "agnhost", AGNHOST_IMAGE, entrypoint=("/agnhost",), cmd=("pause",),
+        env=(f"PATH={IMAGE_PATH}",), aliases=AGNHOST_ALIASES,
+    )  # fmt: skip
+    return _build_one_layer(image, inputs.key(), partial(write_agnhost_layer, inputs=inputs), cache)
+
+
+# -- coredns ----------------------------------------------------------------------------
+def build_coredns_image(bin_dir: Path, cache: Path | None = None) -> Path:
+    """The lab's cluster DNS: the static coredns binary hack/build-k8s.sh built, at
+    /coredns as upstream's image has it (ENTRYPOINT /coredns)."""
+    binary = bin_dir / "coredns"
+    if not binary.is_file():
+        raise ImageBuildError(f"{binary} is missing: run hack/build-k8s.sh")
+    key = _key({"recipe": COREDNS_RECIPE_VERSION, "image": COREDNS_IMAGE,
+                "coredns": sha256_file(binary)})  # fmt: skip
+    image = OneLayerImage("coredns", COREDNS_IMAGE, entrypoint=("/coredns",), cmd=(), env=())
+
+    def write(layer: Layer) -> None:
+        layer.host_file("coredns", binary, 0o755)
+        layer.directory("etc/coredns", 0o755)
+        layer.directory("tmp", 0o1777)
+
+    return _build_one_layer(image, key, write, cache)
+
+
+@dataclass(frozen=True)
+class OneLayerImage:
+    """An image of one layer on an empty base: its cache prefix, name and config."""
+
+    prefix: str
+    name: str
+    entrypoint: tuple[str, ...]
+    cmd: tuple[str, ...]
+    env: tuple[str, ...]
+    aliases: tuple[str, ...] = ()
+
+
+def _build_one_layer(
+    image: OneLayerImage, key: str, write_layer: Callable[[Layer], None], cache: Path | None
+) -> Path:
+    """The image's archive for *key*, built under the cache lock only when missing."""
+    cache = cache or images_dir()
+    archive = cache / f"{image.prefix}-{key[:16]}.tar"
+    with _locked(cache, image.prefix):
+        _clear_stale(cache, f"{image.prefix}-*")
         if not archive.exists():
-            work = _fresh_dir(cache / "tmp" / f"agnhost-{os.getpid()}")
+            work = _fresh_dir(cache / "tmp" / f"{image.prefix}-{os.getpid()}")
             try:
                 with Layer(work / "layer.tar") as layer:
-                    write_agnhost_layer(layer, inputs)
-                config = _config_args(
-                    entrypoint=["/agnhost"], cmd=["pause"], env=[f"PATH={IMAGE_PATH}"]
+                    write_layer(layer)
+                config = _config_args(entrypoint=image.entrypoint, cmd=image.cmd, env=image.env)
+                _oci_image(work / "oci", image.prefix, [layer.path], config)
+                _docker_archive(
+                    work / "oci", image.prefix, image.name, archive, work, image.aliases
                 )
-                _oci_image(work / "oci", "agnhost", [layer.path], config)
-                _docker_archive(work / "oci", "agnhost", AGNHOST_IMAGE, archive, work)
             finally:
                 shutil.rmtree(work, ignore_errors=True)
-        _prune(cache, "agnhost-*.tar", KEEP_ARCHIVES, archive)
+        _prune(cache, f"{image.prefix}-*.tar", KEEP_ARCHIVES, archive)
     return archive
 
 
@@ -776,15 +865,21 @@ def build_pause(bin_dir: Path, cache: Path | None = None) -> Path:
 
 
 def node_images(bin_dir: Path, cache: Path | None = None) -> list[Path]:
-    """Every archive a lab node's containerd needs: pause, agnhost, tabby."""
+    """Every archive a lab node's containerd needs: pause, agnhost, coredns, tabby."""
     return [
         build_pause(bin_dir, cache),
         build_agnhost_image(bin_dir, cache),
+        build_coredns_image(bin_dir, cache),
         build_tabby_image(cache=cache),
     ]
 
 
-IMAGE_NAMES = {"pause": PAUSE_IMAGE, "agnhost": AGNHOST_IMAGE, "tabby": TABBY_IMAGE}
+IMAGE_NAMES = {
+    "pause": PAUSE_IMAGE,
+    "agnhost": AGNHOST_IMAGE,
+    "coredns": COREDNS_IMAGE,
+    "tabby": TABBY_IMAGE,
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -804,9 +899,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     builders = {
         "pause": lambda: build_pause(args.bin_dir),
         "agnhost": lambda: build_agnhost_image(args.bin_dir),
+        "coredns": lambda: build_coredns_image(args.bin_dir),
         "tabby": build_tabby_image,
     }
-    for name in args.only or ["pause", "agnhost", "tabby"]:
+    for name in args.only or list(IMAGE_NAMES):
         start = time.monotonic()
         try:
             path = builders[name]()

@@ -27,13 +27,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from datastore import kinds
 from datastore.client import Datastore
 from datastore.errors import NotFound
 from lab import netns
 from lab.cluster import LabCluster
 from lab.controlplane import ControlPlane
-from lab.kubenode import NODE_PATHS, HostMountpoints, KubeNode, MountNamespace, NodeConfig
+from lab.kubenode import (
+    CLUSTER_DNS,
+    NODE_PATHS,
+    HostMountpoints,
+    KubeNode,
+    MountNamespace,
+    NodeConfig,
+)
 from lab.podlab import PodLab, clear_workdir
 from lab.process import PidRegistry
 from lab.topology import Lab, Node, cleanup_stale, live_labs
@@ -42,6 +51,7 @@ log = logging.getLogger(__name__)
 
 REPO = Path(__file__).resolve().parent.parent
 MANIFESTS = REPO / "manifests"
+COREDNS_MANIFEST = Path(__file__).resolve().parent / "coredns.yaml"
 POD_CIDR = "10.244.0.0/16"
 AGNHOST_IMAGE = "registry.k8s.io/e2e-test-images/agnhost:2.63.0"
 TABBY_NAMESPACE = "kube-system"
@@ -56,6 +66,9 @@ class KubeSpec:
     subnets: int = 1
     proxy_mode: str = "iptables"  # kube-proxy's mode: iptables | nftables
     cni: str = "tabby"  # tabby | ptp (Debian's ptp + host-local, the benchmarks' peer)
+    # Who enforces NetworkPolicy: tabby, or kube-network-policies (lab/refpolicy.py, with
+    # Tabby's policy engine off) to check the upstream suites' harness.
+    policy: str = "tabby"
     max_pods: int = 110
 
 
@@ -105,6 +118,9 @@ class KubeCluster(PodLab[KubePod]):
             cluster._start(progress)
         except BaseException:
             cluster.down()
+            # A lab that never came up leaves no cluster.json for `lab up` to refuse.
+            for name in ("cluster.json", "cluster.json.lock"):
+                (workdir / name).unlink(missing_ok=True)
             raise
         return cluster
 
@@ -112,7 +128,7 @@ class KubeCluster(PodLab[KubePod]):
         from lab.images import node_images
 
         cleanup_stale()
-        progress("building images (pause, agnhost, tabby)")
+        progress("building images (pause, agnhost, coredns, tabby)")
         images = node_images(self._bin_dir())
         self.lab = Lab.create(self.spec.nodes, self.spec.subnets)
         cp_host = self.lab.add_host("cp", subnet=0, host=CP_HOST)
@@ -157,11 +173,18 @@ class KubeCluster(PodLab[KubePod]):
             kube_node.wait_ready(self.kubectl_argv(), READY_TIMEOUT_S)
         if self.spec.cni == "tabby":
             self.wait_daemonset()
+            if self.spec.policy != "tabby":
+                progress(f"starting {self.spec.policy} on every node (Tabby's policy off)")
+                from lab import refpolicy
+
+                refpolicy.start(self, REPO, POD_CIDR)
             progress("waiting for the tabby-controllers Deployment")
             self.kubectl(
                 "-n", TABBY_NAMESPACE, "rollout", "status", "deploy/tabby-controllers",
                 f"--timeout={READY_TIMEOUT_S:.0f}s",
             )  # fmt: skip
+        progress(f"deploying cluster DNS (CoreDNS, Service kube-dns {CLUSTER_DNS})")
+        self.install_dns()
         progress("all nodes Ready")
 
     def _bin_dir(self) -> Path:
@@ -174,11 +197,31 @@ class KubeCluster(PodLab[KubePod]):
         return self.bin_dir
 
     def install_tabby(self) -> None:
-        """`kubectl apply -k manifests/`: CRDs, RBAC, ConfigMap, DaemonSet, controllers."""
-        self.kubectl("apply", "--server-side", "--force-conflicts", "-k", str(MANIFESTS))
+        """`kubectl apply -k manifests/`: CRDs, RBAC, ConfigMap, DaemonSet, controllers;
+        with another policy engine, the same objects with $TABBY_POLICY=off."""
+        apply = ("apply", "--server-side", "--force-conflicts")
+        if self.spec.policy == "tabby":
+            self.kubectl(*apply, "-k", str(MANIFESTS))
+            return
+        objects = list(yaml.safe_load_all(self.kubectl("kustomize", str(MANIFESTS))))
+        for obj in objects:
+            if obj and obj.get("kind") == "DaemonSet":
+                for container in obj["spec"]["template"]["spec"]["containers"]:
+                    container.setdefault("env", []).append({"name": "TABBY_POLICY", "value": "off"})
+        self.kubectl(*apply, "-f", "-", stdin=yaml.safe_dump_all([o for o in objects if o]))
+
+    def install_dns(self) -> None:
+        """lab/coredns.yaml, as kubeadm's CoreDNS add-on: Service names resolve in pods
+        through the CNI under test; wait until it answers (its readiness probe)."""
+        self.kubectl("apply", "-f", str(COREDNS_MANIFEST))
+        self.kubectl(
+            "-n", "kube-system", "rollout", "status", "deploy/coredns",
+            f"--timeout={READY_TIMEOUT_S:.0f}s",
+        )  # fmt: skip
 
     def _install_ptp(self) -> None:
-        """The peer CNI: ptp + host-local with a static /24 per node, static routes."""
+        """The peer CNI: ptp + host-local with a static /24 per node, static routes, and
+        portmap chained as Tabby's conflist chains it (hostPort works for both)."""
         assert self.lab is not None
         for index, kube_node in enumerate(self.kube_nodes):
             subnet = f"10.244.{index + 1}.0/24"
@@ -195,7 +238,8 @@ class KubeCluster(PodLab[KubePod]):
                             "routes": [{"dst": "0.0.0.0/0"}],
                             "dataDir": str(kube_node.workdir / "host-local"),
                         },
-                    }
+                    },
+                    {"type": "portmap", "capabilities": {"portMappings": True}, "snat": True},
                 ],
             }
             path = kube_node.private_dir("/etc/cni/net.d") / "10-ptp.conflist"

@@ -30,7 +30,7 @@ import yaml
 
 from lab.images import import_images
 from lab.netns import run
-from lab.process import ManagedProcess, PidRegistry
+from lab.process import ManagedProcess, PidRegistry, uts_namespace_of
 from lab.runtime import Containerd, remove_cgroup_tree
 from lab.topology import Lab, Node
 
@@ -55,6 +55,8 @@ NODE_PATHS = (
 REFERENCE_PLUGINS = ("loopback", "portmap", "bandwidth", "host-local", "ptp")
 REFERENCE_PLUGIN_DIR = Path("/usr/lib/cni")
 CLUSTER_DOMAIN = "cluster.local"
+# The kube-dns Service's address in lab/coredns.yaml (inside the Service range).
+CLUSTER_DNS = "10.96.0.10"
 READY_TIMEOUT_S = 90.0
 
 
@@ -67,13 +69,18 @@ class NodeConfig:
     cluster_cidr: str
     proxy_mode: str = "iptables"  # iptables | nftables
     max_pods: int = 110
+    cluster_dns: str = CLUSTER_DNS
 
 
 class MountNamespace:
-    """A persistent mount namespace (a bind-mounted ns file; no process needed)."""
+    """A persistent mount namespace (a bind-mounted ns file; no process needed), and
+    beside it, when given a hostname, the node's UTS namespace: a real node's hostname
+    is its name, and hostNetwork pods (which share the runtime's UTS namespace) say so."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, hostname: str | None = None) -> None:
         self.path = path
+        self.hostname = hostname
+        self.uts_path = uts_namespace_of(path)
 
     @staticmethod
     def prepare_dir(directory: Path) -> None:
@@ -92,6 +99,9 @@ class MountNamespace:
         # symlink to the root mount). Shared inside this namespace only: its peers
         # are the node's own copies, the host's mounts are not among them.
         self.run(["mount", "--make-rshared", "/"])
+        if self.hostname:
+            self.uts_path.touch()
+            run(["unshare", f"--uts={self.uts_path}", "hostname", self.hostname])
 
     def run(self, argv: list[str]) -> str:
         return run(["nsenter", f"--mount={self.path}", *argv])
@@ -102,9 +112,10 @@ class MountNamespace:
             self.run(["mount", "--make-shared", target])
 
     def destroy(self) -> None:
-        if _is_mountpoint(self.path):
-            run(["umount", str(self.path)], check=False)
-        self.path.unlink(missing_ok=True)
+        for path in (self.path, self.uts_path):
+            if _is_mountpoint(path):
+                run(["umount", str(path)], check=False)
+            path.unlink(missing_ok=True)
 
     @staticmethod
     def release_dir(directory: Path) -> None:
@@ -193,7 +204,7 @@ class KubeNode:
 
     def __init__(self, lab: Lab, node: Node, workdir: Path, config: NodeConfig) -> None:
         self.lab, self.node, self.workdir, self.config = lab, node, workdir, config
-        self.mountns = MountNamespace(lab.state_dir / "mntns" / node.name)
+        self.mountns = MountNamespace(lab.state_dir / "mntns" / node.name, hostname=node.name)
         self.cgroups = NodeCgroups(f"tabby-{lab.lab_id}-{node.name}")
         self.containerd = Containerd(
             lab,
@@ -269,6 +280,7 @@ class KubeNode:
             "serializeImagePulls": False,
             "resolvConf": "/etc/resolv.conf",
             "clusterDomain": CLUSTER_DOMAIN,
+            "clusterDNS": [self.config.cluster_dns],
             "oomScoreAdj": 0,  # this machine will not lower OOM scores (P7)
             "maxPods": self.config.max_pods,
             "registerWithTaints": [],

@@ -24,6 +24,11 @@ STOP_TIMEOUT_S = 10.0
 _REGISTRY_LOCK = threading.Lock()
 
 
+def uts_namespace_of(mountns: Path) -> Path:
+    """The UTS namespace file a lab node keeps beside its mount namespace file."""
+    return mountns.with_name(f"{mountns.name}.uts")
+
+
 class ManagedProcess:
     """One daemon: started with its output in a log file, stopped by PID."""
 
@@ -42,8 +47,13 @@ class ManagedProcess:
         self.argv = list(argv)
         if netns and mountns:
             # A lab node's daemons: its network namespace and its own mount namespace
-            # (per-node /etc/cni/net.d, /var/lib/kubelet, ...; see lab.kubenode).
-            self.argv = ["nsenter", f"--net=/run/netns/{netns}", f"--mount={mountns}", *self.argv]
+            # (per-node /etc/cni/net.d, /var/lib/kubelet, ...; see lab.kubenode), and
+            # the node's UTS namespace (its hostname) where the node has one.
+            uts = uts_namespace_of(mountns)
+            self.argv = [
+                "nsenter", f"--net=/run/netns/{netns}", f"--mount={mountns}",
+                *([f"--uts={uts}"] if uts.exists() else []), *self.argv,
+            ]  # fmt: skip
         elif netns and keep_mounts:
             # `ip netns exec` remounts /sys (hiding cgroups from runtimes); nsenter
             # enters only the network namespace.

@@ -10,6 +10,7 @@ namespace first and only then calls the CNI plugin with its path.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import shutil
@@ -25,12 +26,16 @@ from lab.topology import Lab, Node
 log = logging.getLogger(__name__)
 
 PAUSE_IMAGE = "registry.k8s.io/pause:3.10"
+# The same image under the tag the pinned e2e framework runs as a plain container
+# (imageutils.GetPauseImageName(), e.g. the Service latency spec's Deployment).
+PAUSE_ALIASES = ("registry.k8s.io/pause:3.10.2",)
 START_TIMEOUT_S = 60.0
 
 
 def build_pause_image(pause_binary: Path, cache_dir: Path) -> Path:
     """An image archive holding only the static pause binary (umoci + skopeo, no registry)."""
-    archive = cache_dir / "pause-image.tar"
+    names = hashlib.sha256(" ".join((PAUSE_IMAGE, *PAUSE_ALIASES)).encode()).hexdigest()
+    archive = cache_dir / f"pause-image-{names[:12]}.tar"  # other tags: another archive
     if archive.exists():
         return archive
     cache_dir.mkdir(parents=True, exist_ok=True)
@@ -50,6 +55,7 @@ def build_pause_image(pause_binary: Path, cache_dir: Path) -> Path:
             "skopeo",
             "copy",
             "--quiet",
+            *(arg for alias in PAUSE_ALIASES for arg in ("--additional-tag", alias)),
             f"oci:{layout}:pause",
             f"docker-archive:{partial}:{PAUSE_IMAGE}",
         ]

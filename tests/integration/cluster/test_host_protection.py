@@ -1,4 +1,5 @@
-"""Pods cannot reach their own node's ports, BGP's 179 included (issue 21 item 7).
+"""Pods cannot reach their own node's ports, BGP's 179 included (issue 21 item 7),
+nor send from an address that is not theirs (issue 20, access).
 
 A two-node lab with real agents and ExaBGP. Before the fix a pod connected to its
 node's BGP port and to any other listener in the node's namespace. Now the agents'
@@ -10,7 +11,9 @@ work. With the action set to Accept the pod reaches the host port again.
 
 from __future__ import annotations
 
+import ipaddress
 import json
+import select
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -43,6 +46,26 @@ print("ready", flush=True)
 while True:
     s.accept()[0].close()
 """
+
+
+# Prints the source of every datagram it gets; the sender binds the source it claims.
+UDP_SINK = """
+import socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind((sys.argv[1], int(sys.argv[2])))
+print("ready", flush=True)
+while True:
+    print(s.recvfrom(64)[1][0], flush=True)
+"""
+UDP_SEND = """
+import socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.setsockopt(socket.SOL_IP, 19, 1)  # IP_TRANSPARENT: send from an address not ours
+s.bind((sys.argv[1], 0))
+for _ in range(5):
+    s.sendto(b"x", (sys.argv[2], int(sys.argv[3])))
+"""
+UDP_PORT = 9999
 
 
 def _connects(netns: str, address: str, port: int) -> bool:
@@ -134,7 +157,33 @@ def test_pod_cannot_reach_its_nodes_bgp_port_or_host_ports(default_lab: _Lab) ->
     assert _bgp_up(cluster)
 
 
-def test_with_accept_the_pod_reaches_the_host_port(accept_lab: _Lab) -> None:
+def test_with_accept_the_pod_reaches_the_host_port_but_never_bgp(accept_lab: _Lab) -> None:
+    """Accept (the manifests' setting, as Calico's manifest): hostNetwork services on the
+    node answer pods; Tabby's own BGP listener still does not."""
     assert accept_lab.pod_reaches_node(HOST_PORT)
-    assert accept_lab.pod_reaches_node(179)
+    assert not accept_lab.pod_reaches_node(179), "pod reached its node's BGP port"
     assert _bgp_up(accept_lab.cluster)
+
+
+def _send_udp(netns: str, source: str, address: str) -> None:
+    argv = ["ip", "netns", "exec", netns, sys.executable, "-c", UDP_SEND, source, address]
+    subprocess.run([*argv, str(UDP_PORT)], capture_output=True, timeout=20, check=True)
+
+
+def test_a_pod_sending_from_a_spoofed_source_is_dropped(default_lab: _Lab) -> None:
+    """Pod a claims another pool address (a pod that could exist) as its source: the
+    datagram never reaches pod b on the other node; from its own address it does."""
+    lab = default_lab
+    spoofed = str(ipaddress.ip_address(lab.a.ip) + 7)
+    argv = ["ip", "netns", "exec", lab.b.netns, sys.executable, "-c", UDP_SINK]
+    sink = subprocess.Popen([*argv, lab.b.ip, str(UDP_PORT)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert sink.stdout is not None and sink.stdout.readline().strip() == "ready"
+        _send_udp(lab.a.netns, spoofed, lab.b.ip)
+        _send_udp(lab.a.netns, lab.a.ip, lab.b.ip)  # the marker: it arrives after any spoof
+        arrived = select.select([sink.stdout], [], [], 10)[0]
+        first = sink.stdout.readline().strip() if arrived else "nothing within 10 s"
+    finally:
+        sink.kill()
+        sink.wait()
+    assert first == lab.a.ip, f"pod b got a datagram from {first} (pod a spoofed {spoofed})"

@@ -28,7 +28,7 @@ pytestmark = pytest.mark.integration
 POD_IP, POD_SIDE = "10.244.1.5", "10.244.1.1"
 NODE_IP = "192.0.2.1"
 IFACE = "calie2e0000001"
-BGP, KUBELET, POD_PORT = 179, 10250, 8080
+BGP, KUBELET, OTHER, POD_PORT = 179, 10250, 9100, 8080
 
 LISTEN = """
 import socket, sys
@@ -89,7 +89,7 @@ def wired(ns: str, peer: str) -> Iterator[tuple[str, str]]:
     netns.ip(peer, "addr", "add", f"{POD_IP}/24", "dev", "eth0")
     netns.ip(peer, "link", "set", "eth0", "up")
     netns.ip(peer, "route", "add", "default", "via", POD_SIDE)
-    host = _listen(ns, "0.0.0.0", BGP, KUBELET)
+    host = _listen(ns, "0.0.0.0", BGP, KUBELET, OTHER)
     pod = _listen(peer, POD_IP, POD_PORT)
     try:
         yield ns, peer
@@ -149,24 +149,48 @@ def test_default_drop_refuses_host_ports_and_keeps_health_checks(
     assert not _connects(pod, NODE_IP, BGP)
 
 
+SERVICE_IP = "10.96.7.7"
+
+
+def test_default_drop_still_lets_a_service_reach_its_endpoint_on_the_node(
+    wired: tuple[str, str], backend: Backend
+) -> None:
+    """kube-proxy's DNAT of a Service to a hostNetwork endpoint on the pod's own node
+    (the `kubernetes` Service on a control-plane node; upstream's "internalTrafficPolicy
+    =Local Pod and Node, to Pod (hostNetwork)" spec): allowed, unless egress policy
+    denies it; the same port dialled directly stays dropped."""
+    node, pod = wired
+    dnat = ["-t", "nat", "-A", "PREROUTING", "-d", SERVICE_IP, "-p", "tcp", "--dport", "80",
+            "-j", "DNAT", "--to-destination", f"{NODE_IP}:{KUBELET}"]  # fmt: skip
+    netns.ns_exec(node, [f"iptables-{backend.name}", *dnat])
+    dp = PolicyDataplane(SubprocessRunner(netns=node), _backend_name(backend))
+    _apply(dp)
+    assert _connects(pod, SERVICE_IP, 80), "the Service's host endpoint was dropped"
+    assert not _connects(pod, NODE_IP, KUBELET), "the host port was reached directly"
+    _apply(dp, deny_egress=True)
+    assert not _connects(pod, SERVICE_IP, 80), "egress policy was bypassed through a Service"
+
+
 def test_accept_lets_allowed_traffic_through_and_return_defers_to_host_rules(
     wired: tuple[str, str], backend: Backend
 ) -> None:
     node, pod = wired
-    # the host's own firewall: no BGP from pods (after Tabby's hook in INPUT)
-    host_rule = ["-A", "INPUT", "-i", "cali+", "-p", "tcp", "--dport", str(BGP), "-j", "DROP"]
+    # the host's own firewall: no kubelet port from pods (after Tabby's hook in INPUT)
+    host_rule = ["-A", "INPUT", "-i", "cali+", "-p", "tcp", "--dport", str(KUBELET), "-j", "DROP"]
     netns.ns_exec(node, [f"iptables-{backend.name}", *host_rule])
 
     accept = PolicyDataplane(SubprocessRunner(netns=node), _backend_name(backend), "Accept")
     _apply(accept)
-    assert _connects(pod, NODE_IP, BGP)  # Tabby accepts before the host's rule
-    assert _connects(pod, NODE_IP, KUBELET)
+    assert _connects(pod, NODE_IP, KUBELET)  # Tabby accepts before the host's rule
+    assert _connects(pod, NODE_IP, OTHER)
+    assert not _connects(pod, NODE_IP, BGP), "pod reached the node's BGP port under Accept"
     _apply(accept, deny_egress=True)  # egress policy still applies first
-    assert not _connects(pod, NODE_IP, KUBELET)
+    assert not _connects(pod, NODE_IP, OTHER)
     assert _connects(node, POD_IP, POD_PORT)
 
     ret = PolicyDataplane(SubprocessRunner(netns=node), _backend_name(backend), "Return")
     _apply(ret)
-    assert not _connects(pod, NODE_IP, BGP)  # the host's rule decides
-    assert _connects(pod, NODE_IP, KUBELET)
+    assert not _connects(pod, NODE_IP, KUBELET)  # the host's rule decides
+    assert _connects(pod, NODE_IP, OTHER)
+    assert not _connects(pod, NODE_IP, BGP), "pod reached the node's BGP port under Return"
     assert _connects(node, POD_IP, POD_PORT)

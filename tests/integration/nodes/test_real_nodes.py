@@ -92,6 +92,19 @@ def test_a_clusterip_service_balances_through_kube_proxy_across_nodes(
     assert settles(lambda: answers() == backends, timeout=30), answers()
 
 
+def test_pods_resolve_a_service_name_through_cluster_dns(kube_cluster: KubeCluster) -> None:
+    """`curl http://web/` inside a pod: its resolv.conf (kubelet's clusterDNS) sends the
+    query to kube-dns's ClusterIP, kube-proxy to the CoreDNS pod, over Tabby wherever
+    that pod runs; the search list makes `web` the Service of the pod's namespace."""
+    first, last = kube_cluster.nodes[0].name, kube_cluster.nodes[-1].name
+    kube_cluster.create_pod("dns", "web-0", first, {"app": "web"})
+    web_service(kube_cluster, "dns")
+    kube_cluster.create_pod("dns", "client", last)
+    curl = ("-n", "dns", "exec", "client", "--", "curl", "-s", "-m", "3", "http://web/hostname")
+    answer = lambda: kube_cluster.kubectl(*curl, check=False).strip()  # noqa: E731
+    assert settles(lambda: answer() == "web-0", timeout=30), answer()
+
+
 def test_pods_reach_the_kubernetes_service(kube_cluster: KubeCluster) -> None:
     pod = kube_cluster.create_pod("api", "client", kube_cluster.nodes[-1].name)
     got = kube_cluster.exec(

@@ -197,3 +197,49 @@ def test_a_pod_reaches_itself_through_its_service(kube_cluster: KubeCluster) -> 
     address = str(found["spec"]["clusterIP"])
     got = lambda: service_answers(kube_cluster, pod.key, address, tries=3)  # noqa: E731
     assert settles(lambda: got() == {"self"}, timeout=30), got()
+
+
+HOST_PORT = 10180
+
+
+def test_a_hostnetwork_endpoint_on_the_pods_node_answers_but_bgp_does_not(
+    kube_cluster: KubeCluster, client: str
+) -> None:
+    """Upstream's "internalTrafficPolicy=Local Pod and Node, to Pod (hostNetwork)" shape:
+    a hostNetwork server on the client's own node answers through its Service (kube-proxy
+    DNATs to the node) and directly (the manifests' endpoint-to-host action, Accept);
+    the node's BGP port never does. Before the fix the default Drop timed both out."""
+    node = kube_cluster.pods[client].node
+    body = kube_cluster.pod_manifest(NS, "host-web", node, {"app": "host-web"})
+    [server] = body["spec"]["containers"]
+    server["args"] = ["netexec", f"--http-port={HOST_PORT}", "--udp-port=-1"]
+    server["ports"] = [{"containerPort": HOST_PORT}]
+    server["readinessProbe"] = {"tcpSocket": {"port": HOST_PORT}, "periodSeconds": 1}
+    body["spec"]["hostNetwork"] = True
+    _apply(kube_cluster, body)
+    kube_cluster.kubectl("-n", NS, "wait", "--for=condition=Ready", "pod/host-web", "--timeout=60s")
+    _apply(
+        kube_cluster,
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": "host-web", "namespace": NS},
+            "spec": {
+                "selector": {"app": "host-web"},
+                "internalTrafficPolicy": "Local",
+                "ports": [{"port": 80, "targetPort": HOST_PORT}],
+            },
+        },
+    )
+    found = json.loads(kube_cluster.kubectl("-n", NS, "get", "svc", "host-web", "-o", "json"))
+    node_ip = kube_cluster.node(node).ip
+
+    def hostname(address: str) -> str:
+        got = kube_cluster.exec(client, ["curl", "-s", "-m", "2", f"http://{address}/hostname"])
+        return got.stdout.strip()
+
+    service = f"{found['spec']['clusterIP']}:80"
+    assert settles(lambda: hostname(service) == node, timeout=30), hostname(service)
+    assert hostname(f"{node_ip}:{HOST_PORT}") == node
+    name, _ = connect(kube_cluster, client, node_ip, 179)
+    assert name == "TIMEOUT", f"the node's BGP port answered a pod: {name}"

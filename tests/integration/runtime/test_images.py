@@ -19,6 +19,7 @@ import pytest
 
 from lab.controlplane import k8s_bin_dir
 from lab.images import (
+    AGNHOST_ALIASES,
     AGNHOST_IMAGE,
     SITE_PACKAGES,
     TABBY_IMAGE,
@@ -169,8 +170,9 @@ def test_agnhost_image_has_the_upstream_layout_and_shells(
     agnhost_archive: Path,
 ) -> None:
     runtime = _started(node_with_containerd, pause_archive)
-    assert import_images(runtime.socket, [agnhost_archive]) == [AGNHOST_IMAGE]
-    assert AGNHOST_IMAGE in _repo_tags(runtime)
+    # The older tags cyclonus (2.43) and network-policy-api (2.45) pin name the same image.
+    assert import_images(runtime.socket, [agnhost_archive]) == [AGNHOST_IMAGE, *AGNHOST_ALIASES]
+    assert {AGNHOST_IMAGE, *AGNHOST_ALIASES} <= set(_repo_tags(runtime))
     config = _image_config(runtime, AGNHOST_IMAGE)
     assert (config["Entrypoint"], config["Cmd"]) == (["/agnhost"], ["pause"])
 
@@ -184,8 +186,14 @@ def test_agnhost_image_has_the_upstream_layout_and_shells(
     assert "serve-hostname" in _exec(runtime, cid, "/agnhost-2", "--help")
     # network-policy-api runs `/bin/bash -c "/agnhost ..."`; e2e uses sh, nc and wget.
     assert "connect" in _exec(runtime, cid, "/bin/bash", "-c", "/agnhost --help | grep connect")
-    tools = _exec(runtime, cid, "/bin/sh", "-c", "which nc wget nslookup ip cat")
-    assert len(tools.split()) == 5
+    tools = _exec(runtime, cid, "/bin/sh", "-c", "which nc wget nslookup ip cat curl")
+    assert len(tools.split()) == 6
+    # The Services specs run `echo x | nc -w 1 -u IP PORT` and curl through sh: PATH must
+    # decide, as in upstream's alpine image (Debian's busybox sh runs its own nc, no -u).
+    assert "UDP" in _exec(runtime, cid, "/bin/sh", "-c", "nc -h 2>&1; true")
+    assert _exec(runtime, cid, "/bin/sh", "-c", "curl --version").startswith("curl ")
+    # ... and `wget -q -O - -T 1 URL` (busybox 1.35's wget segfaults on -T).
+    assert "GNU Wget" in _exec(runtime, cid, "/bin/sh", "-c", "wget --version")
 
 
 def test_a_nameless_archive_is_refused_before_ctr_would_import_nothing(

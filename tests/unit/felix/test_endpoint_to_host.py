@@ -23,6 +23,11 @@ from policy import desired_state, parse_pod
 
 CLEAR = ("-j", "MARK", "--set-xmark", "0x0/0x10000")
 COMMENT = ("-m", "comment", "--comment", "configured DefaultEndpointToHostAction")
+ALLOWED = ("-m", "mark", "--mark", "0x10000/0x10000")
+BGP_DROP = ("-p", "tcp", "--dport", "179", "-m", "comment", "--comment", "the node's BGP port",
+            "-j", "DROP")  # fmt: skip
+SERVICE = (*ALLOWED, "-m", "conntrack", "--ctstate", "DNAT",
+           "-m", "comment", "--comment", "a Service's endpoint on this node")  # fmt: skip
 
 
 def _state(action: str) -> FilterState:
@@ -45,17 +50,37 @@ def test_default_drops_pod_to_host_after_egress_policy() -> None:
     state = _state("DROP")
     # cali-INPUT judges only traffic from pods, and leaves by goto (RETURN goes to INPUT)
     assert _args(state, INPUT) == [("-i", "cali+", "-g", WL_TO_HOST)]
-    assert _args(state, WL_TO_HOST) == [CLEAR, ("-j", FROM_DISPATCH), (*COMMENT, "-j", "DROP")]
+    assert _args(state, WL_TO_HOST) == [
+        CLEAR,
+        ("-j", FROM_DISPATCH),
+        BGP_DROP,  # Tabby's own listener, whatever the action
+        (*SERVICE, "-j", "ACCEPT"),  # a Service's hostNetwork endpoint, policy allowing
+        (*COMMENT, "-j", "DROP"),
+    ]
     assert state.hooks["INPUT"][0].args == ("-j", INPUT)
+
+
+def test_drop_hands_a_services_host_endpoint_to_the_allow_action() -> None:
+    """With the Return allow action the DNAT'ed connection goes back to INPUT's rules."""
+    pod = parse_pod(
+        {
+            "metadata": {"name": "a", "namespace": "x", "labels": {}},
+            "spec": {"containers": [{"name": "c"}]},
+            "status": {"podIP": "10.244.0.1"},
+        }
+    )
+    local = {"caliaaaa": pod}
+    state = render(desired_state([], [pod], [], local), local, "DROP", "RETURN")
+    assert (*SERVICE, "-j", "RETURN") in _args(state, WL_TO_HOST)
 
 
 @pytest.mark.parametrize("action", ["ACCEPT", "RETURN"])
 def test_accept_and_return_apply_only_to_what_egress_policy_allowed(action: str) -> None:
     rules = _args(_state(action), WL_TO_HOST)
-    assert rules[:2] == [CLEAR, ("-j", FROM_DISPATCH)]
-    assert rules[2] == ("-m", "mark", "--mark", "0x10000/0x10000", *COMMENT, "-j", action)
-    assert rules[3][-2:] == ("-j", "DROP")  # no verdict from the dispatch: fail closed
-    assert len(rules) == 4
+    assert rules[:3] == [CLEAR, ("-j", FROM_DISPATCH), BGP_DROP]  # never the BGP port
+    assert rules[3] == (*ALLOWED, *COMMENT, "-j", action)
+    assert rules[4][-2:] == ("-j", "DROP")  # no verdict from the dispatch: fail closed
+    assert len(rules) == 5
 
 
 def test_replies_to_the_nodes_own_connections_are_accepted_before_the_action() -> None:
@@ -70,7 +95,9 @@ def test_non_workload_traffic_is_never_judged() -> None:
     for action in ("DROP", "ACCEPT", "RETURN"):
         state = _state(action)
         assert all("cali+" in r.args for r in state.chains[INPUT])
-        assert "-p" not in {arg for rule in _args(state, WL_TO_HOST) for arg in rule}
+        # the only port-specific rule in the pod-to-host chain drops; none accepts
+        by_port = [rule for rule in _args(state, WL_TO_HOST) if "-p" in rule]
+        assert by_port == [BGP_DROP]
 
 
 @pytest.mark.parametrize(

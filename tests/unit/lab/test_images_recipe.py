@@ -200,11 +200,9 @@ def test_ldd_paths_keeps_libraries_and_the_loader() -> None:
     ]
 
 
-def test_busybox_applets_leave_out_busybox_and_bash() -> None:
-    assert busybox_applets("bin/sh\nbin/busybox\nusr/bin/wget\nbin/bash\n\n") == [
-        "bin/sh",
-        "usr/bin/wget",
-    ]
+def test_busybox_applets_leave_out_busybox_and_the_host_tools() -> None:
+    listed = "bin/sh\nbin/busybox\nusr/bin/wget\nbin/bash\nusr/bin/nc\nsbin/ip\nbin/ls\n\n"
+    assert busybox_applets(listed) == ["bin/ls"]
 
 
 def test_mmdebstrap_installs_the_wheels_offline_with_the_images_python(tmp_path: Path) -> None:
