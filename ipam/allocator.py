@@ -104,6 +104,12 @@ class _BlockGone(ConcurrencyExhausted):
     """The block was deleted under us (GC): callers skip it; if it escapes, retry later."""
 
 
+class _NotAffine(_BlockGone):
+    """A block cached as ours is no longer affine to this node (GC took the affinity of
+    a deleted Node): skipped like a deleted one, never allocated from. Its addresses
+    would be announced by no node's block route (Calico checks the same)."""
+
+
 @dataclass(frozen=True)
 class ReleaseResult:
     """What a release did: freed addresses, and those it skipped and why."""
@@ -464,7 +470,7 @@ class IPAMAllocator:
             if not free_count(model.spec):
                 continue
             try:
-                got += self._assign_from(name, handle_id, attrs, num - len(got))
+                got += self._assign_from(name, handle_id, attrs, num - len(got), own=True)
             except _BlockGone:
                 continue
             except BlockCorrupt as exc:  # reported by the agent; other blocks still serve
@@ -473,20 +479,27 @@ class IPAMAllocator:
         return got
 
     def _assign_from(
-        self, name: str, handle_id: str, attrs: dict[str, str], num: int
+        self, name: str, handle_id: str, attrs: dict[str, str], num: int, *, own: bool = False
     ) -> list[IPv4Address]:
         """Take up to num from one block, counting them in the handle at the same time.
 
         The handle write runs on an I/O thread while this one writes the block; the
         handle is fixed up after if the block gave fewer, and the addresses are given
-        back if the handle write failed.
+        back if the handle write failed. own: the block must (still) be affine to this
+        node, checked on the copy that is written (_NotAffine otherwise).
         """
         cached = self._cached(name)
         cidr = cached.spec.cidr if cached else _cidr_from_name(name)
+
+        def take(block: AllocationBlock) -> list[IPv4Address]:
+            if own and block.host != self.node:
+                raise _NotAffine(f"block {name} is no longer affine to {self.node}")
+            return block.auto_assign(num, handle_id, attrs)
+
         counted = self._background(self._handle_add, handle_id, cidr, num)
         got: list[IPv4Address] = []
         try:
-            got = self._update_block(name, lambda b: b.auto_assign(num, handle_id, attrs))
+            got = self._update_block(name, take)
         except BaseException:
             with contextlib.suppress(Exception):
                 counted.result()

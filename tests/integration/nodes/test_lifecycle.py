@@ -268,11 +268,17 @@ def test_a_deleted_node_is_cleaned_up_and_rejoins(kube_cluster: KubeCluster) -> 
     kube_node.start_kubelet()
     kube_node.wait_ready(kube_cluster.kubectl_argv(), timeout=120)
     kube_cluster.wait_daemonset()
-    assert settles(lambda: peers(observer) == expected_peers, timeout=60), peers(observer)
-    assert settles(lambda: peers(gone) == expected_peers, timeout=60), peers(gone)
+    assert settles(lambda: peers(observer) == expected_peers, timeout=60), (
+        kube_cluster.network_diagnostics([observer, gone])
+    )
+    assert settles(lambda: peers(gone) == expected_peers, timeout=60), (
+        kube_cluster.network_diagnostics([observer, gone])
+    )
     newcomer = kube_cluster.create_pod("rejoin", "newcomer", gone)
     local = kube_cluster.create_pod("rejoin", "local", observer)
     assert settles(lambda: kube_cluster.can_reach(local.key, newcomer.key), timeout=30), (
         kube_cluster.network_diagnostics([observer, gone], [local.key, newcomer.key])
     )
-    assert settles(lambda: _ipam_check(kube_cluster).returncode == 0, timeout=60)
+    assert settles(lambda: _ipam_check(kube_cluster).returncode == 0, timeout=60), _ipam_check(
+        kube_cluster
+    ).stdout

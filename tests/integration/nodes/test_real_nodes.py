@@ -73,7 +73,9 @@ def test_pods_reach_each_other_across_nodes(kube_cluster: KubeCluster) -> None:
         kube_cluster.create_pod("mesh", f"p-{node.name}", node.name, {"app": "mesh"})
     keys = sorted(k for k in kube_cluster.pods if k.startswith("mesh/"))
     failures = [(s, d) for s in keys for d in keys if s != d and not kube_cluster.can_reach(s, d)]
-    assert not failures
+    assert not failures, f"{failures}\n" + kube_cluster.network_diagnostics(
+        [n.name for n in kube_cluster.nodes], keys
+    )
     addresses = {kube_cluster.pods[k].ip for k in keys}
     assert len(addresses) == len(keys)
     assert all(ip.startswith("10.244.") for ip in addresses)
@@ -204,7 +206,9 @@ def test_a_deployment_of_30_spreads_is_ready_and_recreated_pods_leak_nothing(
     second_ips = {p["status"]["podIP"] for p in second}
     assert len(second_ips) == DEPLOYMENT_REPLICAS
     # Nothing leaked: the allocations are exactly the live pods' addresses.
-    assert settles(lambda: _tabbyctl(kube_cluster, "ipam", "check").returncode == 0, timeout=30)
+    assert settles(lambda: _tabbyctl(kube_cluster, "ipam", "check").returncode == 0, timeout=30), (
+        _tabbyctl(kube_cluster, "ipam", "check").stdout
+    )
     kube_cluster.kubectl(
         "-n", "deploy", "delete", "deploy", "fleet", "--cascade=foreground", "--wait=true"
     )  # fmt: skip

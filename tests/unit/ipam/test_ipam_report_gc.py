@@ -314,3 +314,24 @@ def test_gc_keeps_an_affinity_the_node_reclaimed(ds: Datastore, transport: Memor
     transport.fault_hook = reclaim
     assert gc._release_affine_block(target) is True
     assert ds.get(BlockAffinity, name).spec.state == "confirmed"
+
+
+def test_a_running_agent_never_allocates_from_a_block_gc_unaffined(ds: Datastore) -> None:
+    """A node deleted and registered again while its agent runs (issue 29's rejoin):
+    GC took the node's affinity off its block (a live pod still holds an address
+    there); the agent's cache still lists the block as its own. Its next pod must get
+    an address from a block affine to it, which it announces over BGP, not from the
+    unaffine block that no node announces."""
+    add_pool(ds, "p", "10.0.0.0/24")
+    add_node(ds, "n2")
+    add_pod(ds, "ns", "alive", node="n1")
+    agent = alloc(ds, "n1")
+    agent.auto_assign("live-pod", {"namespace": "ns", "pod": "alive", "node": "n1"})
+    (old_block,) = agent.affine_blocks()
+    assert IPAMGarbageCollector(ds, grace=3600).run_once().cleaned_nodes == ["n1"]
+    add_node(ds, "n1")  # kubelet registers the node again
+    (ip,) = agent.auto_assign("new-pod", {"namespace": "ns", "pod": "new", "node": "n1"})
+    assert ip not in old_block
+    assert any(ip in block for block in agent.affine_blocks())
+    affine = {str(b.spec.cidr) for b in ds.list(IPAMBlock) if b.spec.affinity == "host:n1"}
+    assert any(ip in IPv4Network(cidr) for cidr in affine), affine
