@@ -2,7 +2,10 @@
 
 One lab serves a whole test module (bringing it up takes about a minute); the
 tier's leftover check allows that lab's daemons, namespaces and mounts while it
-runs, and the fixture's teardown must then remove all of them.
+runs, and the fixture's teardown must then remove all of them. The check finds
+the lab by its fixture name: a module that needs another lab overrides
+`kube_cluster` itself (test_lifecycle.py), never under another name, or a CNI call
+containerd happens to run at a test's end is reported as the test's leftover.
 """
 
 from __future__ import annotations

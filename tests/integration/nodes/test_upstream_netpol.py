@@ -9,8 +9,6 @@ hack/build-e2e.sh's thin build of test/e2e/network at the pinned release.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from lab.conformance import (
@@ -21,8 +19,7 @@ from lab.conformance import (
     run_e2e,
     sctp_unavailable_reason,
 )
-from lab.kubecluster import KubeCluster, KubeSpec
-from tests.integration.nodes.conftest import kube_lab
+from lab.kubecluster import KubeCluster
 
 pytestmark = pytest.mark.integration
 
@@ -42,19 +39,14 @@ SUBSET = {
 }
 
 
-@pytest.fixture(scope="module")
-def netpol_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubeCluster]:
-    yield from kube_lab(tmp_path_factory, KubeSpec(nodes=3))
-
-
 def test_the_upstream_netpol_subset_passes(
-    netpol_lab: KubeCluster, tmp_path_factory: pytest.TempPathFactory
+    kube_cluster: KubeCluster, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     out = tmp_path_factory.mktemp("netpol-e2e")
     sctp = sctp_unavailable_reason()
     skips = {SCTP_SPECS: sctp} if sctp else {}
     focus = "|".join(go_quote_meta(leaf) for leaf in SUBSET.values())
-    run = run_e2e(e2e_bin_dir(), netpol_lab.kubeconfig, out, netpol_suite(skips, focus), procs=3)
+    run = run_e2e(e2e_bin_dir(), kube_cluster.kubeconfig, out, netpol_suite(skips, focus), procs=3)
     assert not run.error, run.error
     ran = [c for c in run.cases if c.state != "skipped"]
     failed = [f"{c.name}: {c.reason}" for c in ran if c.state != "passed"]
