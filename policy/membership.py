@@ -77,6 +77,10 @@ class AddressBook:
         """The pod IPAM allocated *ip* to, if any."""
         return self._owner.get(ip)
 
+    def owners(self) -> Mapping[IPAddress, Owner]:
+        """Every address IPAM gave a pod, and to whom (read only)."""
+        return self._owner
+
     def of_pod(self, namespace: str, name: str) -> list[tuple[IPAddress, Owner]]:
         """Every address IPAM allocated to a pod of this namespace and name."""
         return list(self._by_pod.get((namespace, name), ()))
