@@ -121,6 +121,11 @@ class Informer:
     def wait_synced(self, timeout: float | None = None) -> bool:
         return self.synced.wait(timeout)
 
+    def get(self, key: str) -> Obj | None:
+        """One cached object by its key (``namespace/name``, or ``name``)."""
+        with self._lock:
+            return self.cache.get(key)
+
     def snapshot(self) -> dict[str, Obj]:
         with self._lock:
             return dict(self.cache)

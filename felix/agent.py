@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv4Network
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from pyroute2.netlink.exceptions import NetlinkError
@@ -40,7 +40,7 @@ from datastore import kinds
 from datastore.client import Datastore
 from datastore.errors import DatastoreError, NotConfigured, NotFound
 from datastore.incluster import choose_kubeconfig
-from datastore.informer import Handlers, Informer
+from datastore.informer import Handlers, Informer, object_key
 from datastore.models import BGPConfiguration, BGPPeer, BlockAffinity, IPAMBlock, IPPool
 from felix import logs
 from felix.cni_server import (
@@ -67,6 +67,8 @@ from felix.policy_dataplane import (
     parse_endpoint_to_host_action,
     parse_filter_allow_action,
 )
+from felix.policy_sync import ChangedKeys, PolicySync, WiredEndpoint
+from felix.shared_pass import SharedPass
 from felix.tunnels import (
     IPIP_OVERHEAD,
     VXLAN_OVERHEAD,
@@ -80,16 +82,14 @@ from felix.wiring import host_ifname_for
 from ipam.allocator import AGENT_PRECLAIM_BELOW, IPAMAllocator
 from ipam.pools import tunnel_handle_id
 from ipam.selector import SelectorError, parse_selector
-from policy import Pod as PolicyPod
-from policy import PolicyError, parse_namespace, parse_policy
-from policy.membership import AddressBook, LocalAddress, local_address, trusted_pod
+from policy.membership import local_address
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 SYNC_TIMEOUT_S = 60.0
 # watch events that cannot change what BGP announces or installs: no BGP pass for them
 NOT_BGP_REASONS = frozenset({"pods", "namespaces", "policies"})
+ENDPOINT_ADDED = "endpoint-added"  # the pass a CNI ADD waits for
 
 
 @dataclass
@@ -131,6 +131,14 @@ class Metrics:
             ["command", "result"],
             registry=self.registry,
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+        )
+        self.cni_add_phase = Histogram(
+            "tabby_cni_add_phase_seconds",
+            "Time of each step of a successful CNI ADD in the agent "
+            "(assign, wire, annotate, program)",
+            ["phase"],
+            registry=self.registry,
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
         )
         self.dataplane_apply = Histogram(
             "tabby_dataplane_apply_seconds",
@@ -261,6 +269,7 @@ class Agent:
         self.stopping = threading.Event()
         self._sync_lock = threading.Lock()
         self.loop = ReconcileLoop(self._sync, config.resync_interval_s, name="dataplane")
+        self._add_passes = SharedPass(lambda: self._sync({ENDPOINT_ADDED}))
         self.informers: dict[str, Informer] = {}
         self.node_labels: dict[str, str] = {}
         self.cni: CNIServer | None = None
@@ -268,6 +277,9 @@ class Agent:
         self.health: HealthServer | None = None
         self.bgp: BGPController | None = None
         self.policy: PolicyDataplane | None = None
+        self.policy_sync: PolicySync | None = None
+        # informers note what changed from their first event on; the pass reads it
+        self.policy_sync_changes = ChangedKeys()
         self._node_missing = False  # our Node object was absent on the last pass
         self.recovered: dict[str, tuple[str, str, str]] = {}
         self.allocator: IPAMAllocator | None = None
@@ -293,6 +305,11 @@ class Agent:
                 self.config.iptables_backend,
                 self.config.endpoint_to_host,
                 self.config.filter_allow,
+            )
+            self.policy_sync = PolicySync(
+                self.policy.allow,
+                self.policy_sync_changes,
+                on_invalid=self.metrics.invalid_objects.inc,
             )
         if self.config.bgp:
             self.bgp = BGPController(
@@ -320,6 +337,7 @@ class Agent:
             annotate=self._annotate_pod,
             on_endpoint_added=self._endpoint_added,
             on_endpoint_removed=self._endpoint_removed,
+            observe_add_phases=self._observe_add_phases,
             default_mtu=self.config.mtu,
             journal=AddJournal(self.config.run_dir / "cni-inflight"),
         )
@@ -357,7 +375,9 @@ class Agent:
     def _requester(self, reason: str) -> Handlers:
         """Informer callbacks that only ask the loop for a pass (work happens there)."""
 
-        def changed(*_objects: dict[str, Any]) -> None:
+        def changed(*objects: dict[str, Any]) -> None:
+            if objects:
+                self.policy_sync_changes.note(reason, object_key(objects[-1]))
             self.loop.request(reason)
 
         return Handlers(on_add=changed, on_update=changed, on_delete=changed)
@@ -408,8 +428,17 @@ class Agent:
         )
 
     def _endpoint_added(self, endpoint: Endpoint) -> None:
-        """ADD waits here: the endpoint is programmed before the pod gets its answer."""
-        self._sync({f"endpoint-added:{endpoint.host_ifname}"})
+        """ADD waits here: the endpoint is programmed before the pod gets its answer.
+
+        Concurrent ADDs share passes (:mod:`felix.shared_pass`): each returns once a
+        pass that began after its endpoint was registered has succeeded.
+        """
+        del endpoint  # registered already; the pass reads every registered endpoint
+        self._add_passes.run_covering()
+
+    def _observe_add_phases(self, phases: Mapping[str, float]) -> None:
+        for phase, seconds in phases.items():
+            self.metrics.cni_add_phase.labels(phase).observe(seconds)
 
     def _block_claimed(self, block: IPv4Network) -> None:
         """Announce a block the moment we claim it, not after its watch event arrives."""
@@ -435,10 +464,12 @@ class Agent:
             # failures are retried by the loop and never fail a pod's ADD.
             if self.policy is not None:
                 self._sync_policy(resync)
-            self._best_effort(self._sync_tunnels, "tunnels")
-            # Every pass, from the cache (a patch only on a difference): a Node deleted
-            # and registered again by its kubelet comes back without our annotations.
-            self._best_effort(self._publish_node_address, "node-address")
+            if reasons != {ENDPOINT_ADDED}:  # an ADD waits for its policy only
+                self._best_effort(self._sync_tunnels, "tunnels")
+                # Every pass, from the cache (a patch only on a difference): a Node
+                # deleted and registered again by its kubelet comes back without our
+                # annotations.
+                self._best_effort(self._publish_node_address, "node-address")
             if self.bgp is not None and not _only_non_bgp(reasons):
                 self._best_effort(lambda: self._sync_bgp(resync), "bgp")
             self._write_status()
@@ -524,27 +555,21 @@ class Agent:
 
     def _sync_policy(self, resync: bool) -> None:
         """Policy for every pod; a pod's addresses are only ones kubelet or Tabby vouch for
-        (:mod:`policy.membership`), never an annotation a tenant can write."""
-        assert self.policy is not None
-        book = self.ipam_owners.book(self._objects("blocks"))
-        endpoints = self._local_endpoints()
-        uids = self._local_uids()
-        wired = {
-            (namespace, name): local_address(address, uids.get(iface))
-            for iface, (namespace, name, address) in endpoints.items()
-        }
-        pods = {(p.namespace, p.name): p for p in self._pods(self._objects("pods"), book, wired)}
-        local: dict[str, PolicyPod] = {}
-        for iface, (namespace, name, _address) in endpoints.items():
-            key = (namespace, name)
-            pod = pods.get(key) or self._fetch_pod(namespace, name, book, wired[key])
-            if pod is not None:
-                local[iface] = pod
-                pods[key] = pod
-        self.policy.apply(
-            self._parsed(self._objects("policies"), parse_policy),
-            pods.values(),
-            self._parsed(self._objects("namespaces"), parse_namespace),
+        (:mod:`policy.membership`), never an annotation a tenant can write.
+
+        Only what changed since the last pass is parsed and recomputed
+        (:mod:`felix.policy_sync`); the periodic resync recomputes everything.
+        """
+        assert self.policy is not None and self.policy_sync is not None
+        desired, local = self.policy_sync.compute(
+            self.informers,
+            self._local_endpoints(),
+            lambda: self.ipam_owners.book(self._objects("blocks")),
+            self._fetch_pod,
+            afresh=resync,
+        )
+        self.policy.apply_state(
+            desired,
             local,
             pools=[
                 PoolNat(pool.spec.cidr, pool.spec.nat_outgoing)
@@ -553,57 +578,27 @@ class Agent:
             resync=resync,
         )
 
-    def _parsed(self, objects: list[dict[str, Any]], parse: Callable[[Any], T]) -> list[T]:
-        """Parse API objects for the compiler; a bad one is reported and skipped."""
-        parsed = []
-        for obj in objects:
-            try:
-                parsed.append(parse(obj))
-            except PolicyError as exc:
-                self.metrics.invalid_objects.inc()
-                log.warning("skipping invalid object: %s", exc)
-        return parsed
-
-    def _pods(
-        self,
-        objects: list[dict[str, Any]],
-        book: AddressBook,
-        wired: Mapping[tuple[str, str], LocalAddress],
-    ) -> list[PolicyPod]:
-        """Pods for the compiler, each with its trusted addresses; a bad one is skipped."""
-
-        def parse(obj: Any) -> PolicyPod:
-            key = _pod_key(obj)
-            return trusted_pod(obj, book, wired.get(key) if key else None)
-
-        return self._parsed(objects, parse)
-
-    def _local_uids(self) -> dict[str, str]:
-        """host interface -> the Pod UID its ADD named (K8S_POD_UID), where known."""
-        if self.handlers is None:
-            return {}
-        return {ep.host_ifname: ep.pod_uid for ep in self.handlers.endpoints.all() if ep.pod_uid}
-
-    def _local_endpoints(self) -> dict[str, tuple[str, str, str]]:
-        """host interface -> (namespace, pod, address) for every pod wired here."""
-        local = dict(self.recovered)
+    def _local_endpoints(self) -> dict[str, WiredEndpoint]:
+        """host interface -> the pod wired behind it and its address, for every pod here
+        (re-adopted after a restart, or wired by an ADD, which names the Pod's UID)."""
+        local = {
+            iface: WiredEndpoint(namespace, pod, local_address(address))
+            for iface, (namespace, pod, address) in self.recovered.items()
+        }
         if self.handlers is not None:
             for ep in self.handlers.endpoints.all():
                 if ep.namespace and ep.pod:
-                    local[ep.host_ifname] = (ep.namespace, ep.pod, str(ep.address))
+                    address = local_address(str(ep.address), ep.pod_uid)
+                    local[ep.host_ifname] = WiredEndpoint(ep.namespace, ep.pod, address)
         return local
 
-    def _fetch_pod(
-        self, namespace: str, name: str, book: AddressBook, wired: LocalAddress
-    ) -> PolicyPod | None:
+    def _fetch_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         """A pod the cache has not seen yet (ADD right after create): read it directly.
         Its address is the one this agent wired, never what the object claims."""
         try:
-            raw = self.datastore.get_raw(kinds.POD, name, namespace)
+            return self.datastore.get_raw(kinds.POD, name, namespace)
         except DatastoreError:
             return None
-        parsed = self._pods([raw], book, {(namespace, name): wired})
-        return parsed[0] if parsed else None
 
     def _repair_endpoints(self) -> None:
         """Resync of pod wiring: routes, sysctls and veths that drifted are put back."""
@@ -752,15 +747,6 @@ class Agent:
         log.info("stopping")
         self.stop()
         return 0
-
-
-def _pod_key(obj: Any) -> tuple[str, str] | None:
-    """(namespace, name) of a Pod dict, if it has them (parsing reports the rest)."""
-    meta = obj.get("metadata") if isinstance(obj, dict) else None
-    if not isinstance(meta, dict):
-        return None
-    namespace, name = meta.get("namespace"), meta.get("name")
-    return (namespace, name) if isinstance(namespace, str) and isinstance(name, str) else None
 
 
 def settle_heap() -> None:

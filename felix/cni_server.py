@@ -421,6 +421,29 @@ def _noop_endpoint(_endpoint: Endpoint) -> None:
     return None
 
 
+def _noop_phases(_phases: Mapping[str, float]) -> None:
+    return None
+
+
+class PhaseClock:
+    """How long each step of one request took: where an ADD's time goes, for its log
+    line and the agent's ``tabby_cni_add_phase_seconds`` metric."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def lap(self, phase: str) -> None:
+        """The time since the previous lap (or the start) belongs to ``phase``."""
+        now = time.perf_counter()
+        self.seconds[phase] = now - self._last
+        self._last = now
+
+    def summary(self) -> str:
+        """``assign 12, wire 9, ...`` in milliseconds."""
+        return ", ".join(f"{name} {sec * 1000:.0f}" for name, sec in self.seconds.items())
+
+
 def _noop_annotate(_pod: PodKey, _annotations: Mapping[str, str]) -> None:
     return None
 
@@ -435,6 +458,7 @@ class CNIHandlers:
         annotate: PodAnnotator = _noop_annotate,
         on_endpoint_added: Callable[[Endpoint], None] = _noop_endpoint,
         on_endpoint_removed: Callable[[Endpoint], None] = _noop_endpoint,
+        observe_add_phases: Callable[[Mapping[str, float]], None] = _noop_phases,
         node_netns: str | None = None,
         default_mtu: int = DEFAULT_MTU,
         journal: AddJournal | None = None,
@@ -444,6 +468,7 @@ class CNIHandlers:
         self.annotate = annotate
         self.on_endpoint_added = on_endpoint_added
         self.on_endpoint_removed = on_endpoint_removed
+        self.observe_add_phases = observe_add_phases
         self.node_netns = node_netns
         self.default_mtu = default_mtu
         self.endpoints = EndpointTable()
@@ -601,21 +626,26 @@ class CNIHandlers:
 
     def _add(self, request: CNIRequest) -> dict[str, Any]:
         started = time.monotonic()
+        clock = PhaseClock()
         self._refuse_second_interface(request)
         address = self._assign(request)
+        clock.lap("assign")
         ep = self._endpoint(request, address)
         try:
             wired = self._wire(ep)
+            clock.lap("wire")
             key = self._pod_key(ep)
             if key is not None:
                 self.annotate(
                     key,
                     {ANNOTATION_POD_IP: f"{address}/32", ANNOTATION_CONTAINER_ID: ep.container_id},
                 )
+            clock.lap("annotate")
             self.endpoints.add(ep)
             if self.journal is not None:
                 self.journal.record(ep)
             self.on_endpoint_added(ep)
+            clock.lap("program")
         except CNIError:
             self._rollback(ep)
             raise
@@ -633,13 +663,19 @@ class CNIHandlers:
             mtu=ep.mtu,
         )
         merged = results.merge_prev(request.config.get("prevResult"), own)
+        self.observe_add_phases(clock.seconds)
         log.info(
-            "ADD %s %s -> %s on %s in %.0f ms",
+            "ADD %s %s -> %s on %s in %.0f ms (%s)",
             request.container_id[:12],
             request.ifname,
             address,
             ep.host_ifname,
             (time.monotonic() - started) * 1000,
+            clock.summary(),
+            extra={
+                "container_id": request.container_id,
+                "phases_ms": {k: round(v * 1000, 2) for k, v in clock.seconds.items()},
+            },
         )
         return results.convert(merged, request.version)
 

@@ -51,7 +51,7 @@ which owns every `cali40` set of the node.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -65,6 +65,7 @@ from felix.nat_outgoing import NatState, PoolNat, nat_state
 from policy import ACCEPT_MARK, DesiredState, desired_state
 from policy import Pod as PolicyPod
 from policy.model import Namespace, NetworkPolicy
+from policy.rules import Chain as PolicyChain
 
 log = logging.getLogger(__name__)
 
@@ -171,20 +172,46 @@ def _wl_to_host(
     return _rules(*rules)
 
 
+class ChainRules:
+    """Compiled chains as dataplane rules, converted once per chain value.
+
+    The calculation layer hands back the very same :class:`policy.Chain` object for
+    a chain it did not recompute, so a pass converts only the chains that changed.
+    """
+
+    def __init__(self) -> None:
+        self._by_name: dict[str, tuple[PolicyChain, tuple[Rule, ...]]] = {}
+
+    def __call__(self, chains: Mapping[str, PolicyChain]) -> dict[str, tuple[Rule, ...]]:
+        out: dict[str, tuple[Rule, ...]] = {}
+        for name, chain in chains.items():
+            hit = self._by_name.get(name)
+            if hit is None or hit[0] is not chain:
+                hit = (chain, tuple(Rule(rule.args) for rule in chain.rules))
+                self._by_name[name] = hit
+            out[name] = hit[1]
+        for name in self._by_name.keys() - chains.keys():
+            del self._by_name[name]
+        return out
+
+
+def _convert(chains: Mapping[str, PolicyChain]) -> dict[str, tuple[Rule, ...]]:
+    return {name: tuple(Rule(rule.args) for rule in chain.rules) for name, chain in chains.items()}
+
+
 def render(
     state: DesiredState,
     local_ifaces: Iterable[str],
     endpoint_to_host: EndpointToHostAction,
     allow: FilterAllowAction = DEFAULT_FILTER_ALLOW_ACTION,
+    convert: Callable[[Mapping[str, PolicyChain]], dict[str, tuple[Rule, ...]]] = _convert,
 ) -> FilterState:
     """The whole filter-table picture for this node (pure).
 
     ``state`` must have been compiled with the same ``allow`` action.
     """
     ifaces = sorted(local_ifaces)
-    chains: dict[str, tuple[Rule, ...]] = {
-        name: tuple(Rule(rule.args) for rule in chain.rules) for name, chain in state.chains.items()
-    }
+    chains = convert(state.chains)
     chains[FROM_DISPATCH] = _dispatch(ifaces, "-i", "cali-fw-")
     chains[TO_DISPATCH] = _dispatch(ifaces, "-o", "cali-tw-")
     chains[FORWARD] = _rules(
@@ -232,6 +259,7 @@ class PolicyDataplane:
         self.nat = Table("nat", runner, self.backend)
         self.ipsets = IpsetManager(runner)
         self.last_bytes = 0
+        self._chain_rules = ChainRules()
 
     def apply(
         self,
@@ -243,9 +271,21 @@ class PolicyDataplane:
         pools: Iterable[PoolNat] = (),
         resync: bool = False,
     ) -> FilterState:
-        """Compute and write; `resync` re-reads the kernel first to repair drift."""
+        """Compute from scratch and write; `resync` re-reads the kernel first to repair drift."""
         desired = desired_state(policies, pods, namespaces, local, allow=self.allow)
-        state = render(desired, local, self.endpoint_to_host, self.allow)
+        return self.apply_state(desired, local, pools=pools, resync=resync)
+
+    def apply_state(
+        self,
+        desired: DesiredState,
+        local_ifaces: Iterable[str],
+        *,
+        pools: Iterable[PoolNat] = (),
+        resync: bool = False,
+    ) -> FilterState:
+        """Write a computed state (the agent's :class:`felix.calc.PolicyCalculator`'s):
+        only what differs from the last write reaches the kernel."""
+        state = render(desired, local_ifaces, self.endpoint_to_host, self.allow, self._chain_rules)
         nat = nat_state(pools)
         if resync:
             self.filter.invalidate()

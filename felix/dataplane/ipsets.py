@@ -145,6 +145,9 @@ class IpsetManager:
         self._desired: dict[str, IpsetSpec] = {}
         self._kernel: dict[str, IpsetSpec] | None = None
         self._dirty: set[str] = set()
+        # The last frozenset of members given per set: an agent that passes the same
+        # object again (its calculation did not touch the set) skips the parsing.
+        self._given: dict[str, tuple[str, frozenset[str]]] = {}
 
     # -- intent -------------------------------------------------------------
 
@@ -153,7 +156,12 @@ class IpsetManager:
         self._check_name(name)
         if set_type not in SET_TYPES:
             raise ValueError(f"unsupported set type {set_type!r}; use one of {SET_TYPES}")
+        given = self._given.get(name)
+        if given is not None and given[1] is members and given[0] == set_type:
+            return  # the very same immutable members as last time: nothing to parse
         spec = IpsetSpec(set_type, normalize_members(set_type, members))
+        if isinstance(members, frozenset):
+            self._given[name] = (set_type, members)
         if self._desired.get(name) != spec:
             self._desired[name] = spec
             self._dirty.add(name)
@@ -168,6 +176,7 @@ class IpsetManager:
     def remove(self, name: str) -> None:
         """Stop wanting ``name``; it is destroyed by the next apply_deletions."""
         self._desired.pop(name, None)
+        self._given.pop(name, None)
 
     def invalidate(self) -> None:
         """Forget the cached kernel view: the next apply re-reads and repairs drift."""

@@ -118,8 +118,28 @@ def wait_for_teardowns(node_ns: str, timeout: float = 60.0) -> None:
         time.sleep(0.05)
 
 
+def agent_add_phases(log_path: Path, container_ids: set[str]) -> dict[str, float]:
+    """Median seconds per step of the agent's ADDs of these containers, from its log
+    (each ADD's line carries ``phases_ms``): where a Tabby ADD's time goes."""
+    steps: dict[str, list[float]] = {}
+    for line in log_path.read_text(errors="replace").splitlines():
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if entry.get("container_id") in container_ids and "phases_ms" in entry:
+            for phase, ms in entry["phases_ms"].items():
+                steps.setdefault(phase, []).append(ms / 1000)
+    return {phase: statistics.median(values) for phase, values in steps.items()}
+
+
 def phases(
-    call: Call, pods: Sequence[str], serial: int, burst: int, settle: Callable[[], None]
+    call: Call,
+    pods: Sequence[str],
+    serial: int,
+    burst: int,
+    settle: Callable[[], None],
+    after_serial: Callable[[], None] = lambda: None,
 ) -> dict[str, float]:
     """serial median (s), burst and burst4 wall times (s); pods deleted after each."""
 
@@ -129,6 +149,7 @@ def phases(
         settle()
 
     serial_times = [call("ADD", pods[i], i) for i in range(serial)]
+    after_serial()
     delete(serial)
     out = {"serial": statistics.median(serial_times), "serial_max": max(serial_times)}
     for name, width in (("burst", burst), ("burst4", 4)):
@@ -169,10 +190,18 @@ def bench(work: Path, serial: int, burst: int, policy_count: int) -> dict[str, d
             "type": "ptp",
             "ipam": {"type": "host-local", "subnet": "10.82.0.0/24", "dataDir": str(work / "hl")},
         }
-        results = {}
+        results: dict[str, dict[str, float]] = {}
         tabby = caller(node.netns, cluster.cni_bin_dir / "tabby", tabby_conf, "tabby")
+
+        assert cluster.lab is not None
+        agent_log = next(p for p in cluster.lab.processes if p.name == f"tabby-node-{node.name}")
+
+        def read_phases() -> None:
+            serial_ids = {f"tabby{i:04d}" for i in range(serial)}
+            results["tabby-agent"] = agent_add_phases(agent_log.log_path, serial_ids)
+
         results["tabby"] = phases(
-            tabby, made, serial, burst, lambda: wait_for_teardowns(node.netns)
+            tabby, made, serial, burst, lambda: wait_for_teardowns(node.netns), read_phases
         )
         ptp = caller(node.netns, CNI_BIN / "ptp", ptp_conf, "ptp")
         results["ptp"] = phases(ptp, made, serial, burst, lambda: None)
@@ -194,6 +223,11 @@ def main() -> int:
         return 2
     with tempfile.TemporaryDirectory(prefix="tbt-podadd-") as work:
         results = bench(Path(work), opts.serial, opts.burst, opts.policies)
+    agent = results.pop("tabby-agent")
+    print(
+        "tabby agent, serial ADD median per step: "
+        + ", ".join(f"{name} {sec * 1000:.1f} ms" for name, sec in agent.items())
+    )
     for plugin, figures in results.items():
         print(
             f"{plugin}: serial p50 {figures['serial'] * 1000:.0f} ms "

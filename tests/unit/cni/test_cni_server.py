@@ -398,3 +398,41 @@ def test_assign_gets_handle_and_pod_attributes(kernel: FakeKernel) -> None:
             {"ifname": "eth0", "namespace": "default", "pod": "nginx"},
         )
     ]
+
+
+def test_add_reports_the_time_of_each_step(kernel: FakeKernel, rec: Recorder) -> None:
+    """Where an ADD's time goes: assign, wire, annotate, program, each reported once."""
+    seen: list[dict[str, float]] = []
+    h = CNIHandlers(
+        PoolAllocator("10.65.0.0/24"),
+        annotate=rec.annotate,
+        on_endpoint_added=rec.added.append,
+        observe_add_phases=lambda phases: seen.append(dict(phases)),
+    )
+    h.set_synced()
+    h.handle(req())
+    assert len(seen) == 1
+    assert list(seen[0]) == ["assign", "wire", "annotate", "program"]
+    assert all(seconds >= 0 for seconds in seen[0].values())
+
+
+def test_a_failed_add_reports_no_steps(kernel: FakeKernel, rec: Recorder) -> None:
+    seen: list[dict[str, float]] = []
+    kernel.fail_with = wiring.WiringError("no veth today")
+    h = CNIHandlers(
+        PoolAllocator("10.65.0.0/24"), observe_add_phases=lambda p: seen.append(dict(p))
+    )
+    h.set_synced()
+    with pytest.raises(shim.CNIError):
+        h.handle(req())
+    assert seen == []
+
+
+def test_phase_clock_gives_each_lap_its_own_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    ticks = iter([10.0, 10.25, 11.0])
+    monkeypatch.setattr(cni_server.time, "perf_counter", lambda: next(ticks))
+    clock = cni_server.PhaseClock()
+    clock.lap("assign")
+    clock.lap("wire")
+    assert clock.seconds == {"assign": 0.25, "wire": 0.75}
+    assert clock.summary() == "assign 250, wire 750"

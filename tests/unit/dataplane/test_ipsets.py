@@ -165,3 +165,32 @@ def test_replace_sets_wants_exactly_the_given_sets(
 
     assert set(kernel.ipsets) == {other}
     assert kernel.members(other) == {"10.0.0.3"}
+
+
+def test_the_same_frozen_members_are_parsed_once(
+    kernel: FakeKernel, ipsets: IpsetManager, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pass that hands over the very same members object (the calculation did not
+    touch the set) costs no parsing; new members, a new type or a removal do."""
+    from felix.dataplane import ipsets as module
+
+    parsed: list[str] = []
+    real = module.normalize_members
+    monkeypatch.setattr(module, "normalize_members", lambda t, m: parsed.append(t) or real(t, m))
+    members = frozenset({"10.0.0.1", "10.0.0.2"})
+    ipsets.set_members(SET, "hash:ip", members)
+    ipsets.set_members(SET, "hash:ip", members)
+    assert len(parsed) == 1
+    ipsets.set_members(SET, "hash:ip", frozenset({"10.0.0.1"}))
+    assert len(parsed) == 2
+    ipsets.remove(SET)
+    ipsets.set_members(SET, "hash:ip", members)
+    assert len(parsed) == 3
+    ipsets.apply_updates()
+    assert kernel.members(SET) == {"10.0.0.1", "10.0.0.2"}
+    mutable = {"10.0.0.3"}
+    ipsets.set_members(SET, "hash:ip", mutable)
+    mutable.add("10.0.0.4")
+    ipsets.set_members(SET, "hash:ip", mutable)  # a mutable input is parsed every time
+    ipsets.apply_updates()
+    assert kernel.members(SET) == {"10.0.0.3", "10.0.0.4"}

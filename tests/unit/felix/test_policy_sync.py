@@ -1,0 +1,133 @@
+"""The agent's policy pass from informer caches: changed objects only, same answer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from felix.policy_dataplane import ChainRules
+from felix.policy_sync import PolicySync, WiredEndpoint
+from policy import desired_state, parse_namespace, parse_policy
+from policy.membership import AddressBook, local_address, trusted_pod
+from policy.rules import Chain, Rule
+from tests.unit.policy.policy_world import np_dict, ns_dict, pod_dict
+
+
+class FakeCache:
+    """An informer's cache: objects by key, and how often the pass read one."""
+
+    def __init__(self, objects: list[dict[str, Any]]) -> None:
+        self.objects = {_key(o): o for o in objects}
+        self.reads = 0
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        self.reads += 1
+        return self.objects.get(key)
+
+    def snapshot(self) -> dict[str, dict[str, Any]]:
+        self.reads += len(self.objects)
+        return dict(self.objects)
+
+
+def _key(obj: dict[str, Any]) -> str:
+    meta = obj["metadata"]
+    return f"{meta['namespace']}/{meta['name']}" if meta.get("namespace") else meta["name"]
+
+
+def world(pods: int) -> dict[str, FakeCache]:
+    allow_a = {"from": [{"podSelector": {"matchLabels": {"role": "a"}}}]}
+    return {
+        "pods": FakeCache(
+            [
+                pod_dict("x", f"p{i}", f"10.0.{i // 200}.{i % 200 + 1}", {"role": "a"})
+                for i in range(pods)
+            ]
+        ),
+        "namespaces": FakeCache([ns_dict("x")]),
+        "policies": FakeCache([np_dict("x", "web", {"podSelector": {}, "ingress": [allow_a]})]),
+    }
+
+
+def wired(*names: str) -> dict[str, WiredEndpoint]:
+    return {
+        f"cali{name}": WiredEndpoint("x", name, local_address(f"10.9.0.{i + 1}"))
+        for i, name in enumerate(names)
+    }
+
+
+def no_fetch(_namespace: str, _name: str) -> None:
+    raise AssertionError("the pod is in the cache; nothing to fetch")
+
+
+def from_scratch(caches: dict[str, FakeCache], endpoints: dict[str, WiredEndpoint]):
+    book = AddressBook()
+    local_addr = {(e.namespace, e.pod): e.address for e in endpoints.values()}
+    pods = {
+        k: trusted_pod(o, book, local_addr.get(tuple(k.split("/"))))
+        for k, o in caches["pods"].objects.items()
+    }
+    local = {i: pods[f"{e.namespace}/{e.pod}"] for i, e in endpoints.items()}
+    return desired_state(
+        [parse_policy(o) for o in caches["policies"].objects.values()],
+        pods.values(),
+        [parse_namespace(o) for o in caches["namespaces"].objects.values()],
+        local,
+    )
+
+
+def test_a_new_pod_costs_one_read_not_the_cluster() -> None:
+    caches = world(pods=300)
+    sync = PolicySync("ACCEPT")
+    sync.compute(caches, wired("p0"), AddressBook, no_fetch)
+    assert caches["pods"].reads >= 300  # the first pass reads everything
+    for cache in caches.values():
+        cache.reads = 0
+    new = pod_dict("x", "p300", "10.0.9.9", {"role": "b"})
+    caches["pods"].objects["x/p300"] = new
+    sync.changed.note("pods", "x/p300")
+    endpoints = wired("p0", "p300")
+    state, local = sync.compute(caches, endpoints, AddressBook, no_fetch)
+    assert caches["pods"].reads == 1
+    assert set(local) == {"calip0", "calip300"}
+    expected = from_scratch(caches, endpoints)
+    assert dict(state.chains) == dict(expected.chains)
+    assert dict(state.members) == dict(expected.members)
+
+
+def test_a_wired_pod_the_cache_has_not_seen_is_fetched() -> None:
+    caches = world(pods=2)
+    late = pod_dict("x", "late", "10.0.5.5", {"role": "a"})
+    fetched: list[tuple[str, str]] = []
+
+    def fetch(namespace: str, name: str) -> dict[str, Any] | None:
+        fetched.append((namespace, name))
+        return late if name == "late" else None
+
+    sync = PolicySync("ACCEPT")
+    _, local = sync.compute(caches, wired("p0", "late", "gone"), AddressBook, fetch)
+    assert sorted(fetched) == [("x", "gone"), ("x", "late")]
+    assert set(local) == {"calip0", "calilate"}  # the pod nobody knows fails closed
+    assert [str(ip) for ip in local["calilate"].ips] == ["10.9.0.2"]  # the wired address
+
+
+def test_an_invalid_policy_is_counted_once_and_left_out() -> None:
+    caches = world(pods=2)
+    bad = np_dict("x", "bad", {"podSelector": {"matchLabels": {"a": 5}}})
+    caches["policies"].objects["x/bad"] = bad
+    invalid: list[int] = []
+    sync = PolicySync("ACCEPT", on_invalid=lambda: invalid.append(1))
+    sync.compute(caches, wired("p0"), AddressBook, no_fetch)
+    sync.compute(caches, wired("p0"), AddressBook, no_fetch)
+    assert len(invalid) == 1
+    sync.compute(caches, wired("p0"), AddressBook, no_fetch, afresh=True)
+    assert len(invalid) == 2  # the resync starts afresh and meets it again
+
+
+def test_chain_rules_convert_a_chain_object_once() -> None:
+    convert = ChainRules()
+    a = Chain("cali-pi-_a", (Rule(("-p", "tcp"), "RETURN"),))
+    first = convert({a.name: a})[a.name]
+    assert convert({a.name: a})[a.name] is first
+    changed = Chain("cali-pi-_a", (Rule(("-p", "udp"), "RETURN"),))
+    assert convert({a.name: changed})[a.name] != first
+    assert convert({}) == {}
+    assert convert({a.name: a})[a.name] == first and convert({a.name: a})[a.name] is not first
