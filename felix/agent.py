@@ -134,8 +134,9 @@ class Metrics:
         )
         self.cni_add_phase = Histogram(
             "tabby_cni_add_phase_seconds",
-            "Time of each step of a successful CNI ADD in the agent "
-            "(assign, wire, annotate, program)",
+            "Time of each step of a successful CNI ADD in the agent: assign, wire, "
+            "program (policy ready), annotate (what was left of the Pod annotation, "
+            "written beside the program step)",
             ["phase"],
             registry=self.registry,
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
@@ -267,7 +268,9 @@ class Agent:
         self.metrics = Metrics()
         self.readiness = Readiness("datastore", "dataplane")
         self.stopping = threading.Event()
-        self._sync_lock = threading.Lock()
+        self._sync_lock = threading.Lock()  # the policy pass (its calculation's state)
+        self._routing_lock = threading.Lock()  # tunnels, node address, BGP
+        self._status_lock = threading.Lock()
         self.loop = ReconcileLoop(self._sync, config.resync_interval_s, name="dataplane")
         self._add_passes = SharedPass(lambda: self._sync({ENDPOINT_ADDED}))
         self.informers: dict[str, Informer] = {}
@@ -457,22 +460,28 @@ class Agent:
             # Outside the pass's lock: a repair takes its pod's CNI lock, and an ADD
             # holding that lock waits for a pass in on_endpoint_added.
             self._best_effort(self._repair_endpoints, "endpoints")
-        with self._sync_lock, self.metrics.dataplane_apply.time():
+        with self.metrics.dataplane_apply.time():
             log.debug("dataplane pass", extra={"reasons": sorted(reasons)})
             resync = "periodic-resync" in reasons
             # Policy failures propagate: an ADD must not succeed unprotected. Routing
             # failures are retried by the loop and never fail a pod's ADD.
             if self.policy is not None:
-                self._sync_policy(resync)
+                with self._sync_lock:
+                    self._sync_policy(resync)
             if reasons != {ENDPOINT_ADDED}:  # an ADD waits for its policy only
-                self._best_effort(self._sync_tunnels, "tunnels")
-                # Every pass, from the cache (a patch only on a difference): a Node
-                # deleted and registered again by its kubelet comes back without our
-                # annotations.
-                self._best_effort(self._publish_node_address, "node-address")
-            if self.bgp is not None and not _only_non_bgp(reasons):
-                self._best_effort(lambda: self._sync_bgp(resync), "bgp")
+                # Under their own lock: an ADD's policy pass need not wait for BGP.
+                with self._routing_lock:
+                    self._sync_routing(reasons, resync)
             self._write_status()
+
+    def _sync_routing(self, reasons: set[str], resync: bool) -> None:
+        """Tunnels, this node's published address and BGP (never fails a pass)."""
+        self._best_effort(self._sync_tunnels, "tunnels")
+        # Every pass, from the cache (a patch only on a difference): a Node deleted and
+        # registered again by its kubelet comes back without our annotations.
+        self._best_effort(self._publish_node_address, "node-address")
+        if self.bgp is not None and not _only_non_bgp(reasons):
+            self._best_effort(lambda: self._sync_bgp(resync), "bgp")
 
     def _best_effort(self, step: Callable[[], None], name: str) -> None:
         condition = f"{name}-programmed"
@@ -717,8 +726,9 @@ class Agent:
     def _write_status(self) -> None:
         path = self.config.run_dir / "status.json"
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.status(), indent=1))
-        tmp.replace(path)
+        with self._status_lock:  # passes of ADDs and of the loop may end together
+            tmp.write_text(json.dumps(self.status(), indent=1))
+            tmp.replace(path)
 
     # -- shutdown -----------------------------------------------------------------------
     def stop(self) -> None:

@@ -9,9 +9,10 @@ Contract per command:
 - **ADD** answers only after, in order: the agent is ready (else code 11), the
   address is assigned to handle ``<network>.<containerID>`` (idempotent, so a
   repeated ADD gets the same address), the veth/addresses/routes/sysctls are
-  wired (:mod:`felix.wiring`), the Pod is annotated (``tabby.dev/podIP``,
-  ``tabby.dev/containerID``), the endpoint is in :attr:`CNIHandlers.endpoints`
-  and the ``on_endpoint_added`` hook has returned. The hook is where the policy
+  wired (:mod:`felix.wiring`), the endpoint is in :attr:`CNIHandlers.endpoints`,
+  the ``on_endpoint_added`` hook has returned and the Pod is annotated
+  (``tabby.dev/podIP``, ``tabby.dev/containerID``; that apiserver write runs
+  beside the hook, both are waited for). The hook is where the policy
   dataplane plugs in: it should return once the endpoint's chains are
   programmed, so a pod never sends a packet before its policy exists. Any
   failure rolls back the host veth and the address (also those of an earlier
@@ -59,6 +60,8 @@ import socketserver
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as futures_wait
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -94,6 +97,7 @@ DEFAULT_MTU = 1500
 ANNOTATION_POD_IP = "tabby.dev/podIP"
 ANNOTATION_CONTAINER_ID = "tabby.dev/containerID"
 READ_TIMEOUT_S = 30.0
+ANNOTATION_THREADS = 8  # Pod annotations written at once (a burst of ADDs)
 T = TypeVar("T", bound="PendingAdd")
 
 
@@ -474,11 +478,15 @@ class CNIHandlers:
         self.endpoints = EndpointTable()
         self.teardowns = Teardowns()
         self._locks = KeyedLocks()
+        self._annotations = ThreadPoolExecutor(
+            ANNOTATION_THREADS, thread_name_prefix="annotate-pod"
+        )
         self._synced = threading.Event()
 
     def close(self, timeout: float = 10.0) -> None:
         """Finish the deferred DEL teardowns (bounded) and stop their workers."""
         self.teardowns.close(timeout)
+        self._annotations.shutdown(wait=False)
 
     # -- readiness ---------------------------------------------------------------
 
@@ -634,18 +642,20 @@ class CNIHandlers:
         try:
             wired = self._wire(ep)
             clock.lap("wire")
-            key = self._pod_key(ep)
-            if key is not None:
-                self.annotate(
-                    key,
-                    {ANNOTATION_POD_IP: f"{address}/32", ANNOTATION_CONTAINER_ID: ep.container_id},
-                )
+            # The Pod's annotation (an apiserver write) runs beside the programming.
+            annotated = self._annotate_beside(ep)
+            try:
+                self.endpoints.add(ep)
+                if self.journal is not None:
+                    self.journal.record(ep)
+                self.on_endpoint_added(ep)
+                clock.lap("program")
+            finally:
+                if annotated is not None:  # done before anything after it (a DEL's clear)
+                    futures_wait([annotated])
+            if annotated is not None:
+                annotated.result()  # its failure fails the ADD, as before
             clock.lap("annotate")
-            self.endpoints.add(ep)
-            if self.journal is not None:
-                self.journal.record(ep)
-            self.on_endpoint_added(ep)
-            clock.lap("program")
         except CNIError:
             self._rollback(ep)
             raise
@@ -679,13 +689,26 @@ class CNIHandlers:
         )
         return results.convert(merged, request.version)
 
+    def _annotate_beside(self, ep: Endpoint) -> Future[None] | None:
+        """Start the Pod's annotation (address, container) on the annotation threads."""
+        key = self._pod_key(ep)
+        if key is None:
+            return None
+        values = {ANNOTATION_POD_IP: f"{ep.address}/32", ANNOTATION_CONTAINER_ID: ep.container_id}
+        return self._annotations.submit(self.annotate, key, values)
+
     def _rollback(self, ep: Endpoint) -> None:
         """Undo a failed ADD so that nothing leaks (the runtime's DEL may never come).
 
         Only the host end is deleted (its peer goes with it): the pod's
         ``ifname`` may be someone else's interface, which is why wiring failed.
         """
-        self.endpoints.remove(ep.container_id, ep.ifname)
+        registered = self.endpoints.remove(ep.container_id, ep.ifname)
+        if registered is not None:
+            try:
+                self.on_endpoint_removed(registered)  # its chains go with the next pass
+            except Exception:
+                log.exception("rollback: the endpoint-removed hook failed")
         if self.journal is not None:
             self.journal.drop(ep.network, ep.container_id, ep.ifname)
         owner = self.endpoints.owner_of(ep.host_ifname)

@@ -401,7 +401,8 @@ def test_assign_gets_handle_and_pod_attributes(kernel: FakeKernel) -> None:
 
 
 def test_add_reports_the_time_of_each_step(kernel: FakeKernel, rec: Recorder) -> None:
-    """Where an ADD's time goes: assign, wire, annotate, program, each reported once."""
+    """Where an ADD's time goes: assign, wire, program, then what was left to wait for
+    the annotation (it runs beside the programming), each reported once."""
     seen: list[dict[str, float]] = []
     h = CNIHandlers(
         PoolAllocator("10.65.0.0/24"),
@@ -412,7 +413,7 @@ def test_add_reports_the_time_of_each_step(kernel: FakeKernel, rec: Recorder) ->
     h.set_synced()
     h.handle(req())
     assert len(seen) == 1
-    assert list(seen[0]) == ["assign", "wire", "annotate", "program"]
+    assert list(seen[0]) == ["assign", "wire", "program", "annotate"]
     assert all(seconds >= 0 for seconds in seen[0].values())
 
 
@@ -436,3 +437,47 @@ def test_phase_clock_gives_each_lap_its_own_time(monkeypatch: pytest.MonkeyPatch
     clock.lap("wire")
     assert clock.seconds == {"assign": 0.25, "wire": 0.75}
     assert clock.summary() == "assign 250, wire 750"
+
+
+def test_the_annotation_is_written_while_the_policy_is_programmed(kernel: FakeKernel) -> None:
+    """The two waits of an ADD overlap: the annotation does not wait for the program
+    step, and the ADD answers only when both are done."""
+    programming = threading.Event()
+    annotated: list[dict[str, str]] = []
+
+    def annotate(_pod: PodKey, values: Mapping[str, str]) -> None:
+        assert programming.wait(30), "the annotation waited for the program step"
+        annotated.append(dict(values))
+
+    def program(_ep: Endpoint) -> None:
+        programming.set()
+
+    h = CNIHandlers(PoolAllocator("10.65.0.0/24"), annotate=annotate, on_endpoint_added=program)
+    h.set_synced()
+    assert h.handle(req()) is not None
+    assert annotated == [{"tabby.dev/podIP": "10.65.0.2/32", "tabby.dev/containerID": "c1"}]
+
+
+def test_a_failed_program_step_waits_for_the_annotation_then_rolls_back(
+    kernel: FakeKernel,
+) -> None:
+    finished: list[str] = []
+    removed: list[Endpoint] = []
+
+    def annotate(_pod: PodKey, _values: Mapping[str, str]) -> None:
+        finished.append("annotation")
+
+    def program(_ep: Endpoint) -> None:
+        raise RuntimeError("iptables-restore failed")
+
+    h = CNIHandlers(
+        PoolAllocator("10.65.0.0/24"),
+        annotate=annotate,
+        on_endpoint_added=program,
+        on_endpoint_removed=removed.append,
+    )
+    h.set_synced()
+    assert code_of(h, req()) == shim.ERR_INTERNAL
+    assert finished == ["annotation"]
+    assert h.endpoints.all() == [] and h.allocator.handles() == set()
+    assert [e.container_id for e in removed] == ["c1"]  # its chains go with the next pass
