@@ -66,6 +66,7 @@ class ClusterSpec:
     encap: str = "none"  # none | vxlan | ipip
     reflectors: int = 1
     iptables_backend: str = "auto"  # the agents' --iptables-backend
+    resync_interval_s: float = 30.0  # the agents' --resync-interval (drift repair)
 
 
 def _quiet(_: str) -> None:
@@ -167,7 +168,7 @@ class LabCluster(PodLab[PodInfo]):
             "--node-ip",
             str(node.address),
             "--resync-interval",
-            "30",
+            f"{self.spec.resync_interval_s:g}",
         ]
         if self.spec.iptables_backend != "auto":
             argv += ["--iptables-backend", self.spec.iptables_backend]
