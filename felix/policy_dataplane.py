@@ -6,8 +6,9 @@ and applies everything through the dataplane tables:
 
     FORWARD (top, inserted) -> cali-FORWARD:
         clear Tabby's accept mark
-        -i cali+ -> cali-from-wl-dispatch: -i <iface> -g cali-fw-<iface> ... else DROP
-        -o cali+ -> cali-to-wl-dispatch:   -o <iface> -g cali-tw-<iface> ... else DROP
+        -i cali+ -> cali-from-wl-dispatch: -i cali<c>+ -g cali-from-wl-dispatch-<c>
+                       (a leaf per character c: -i <iface> -g cali-fw-<iface> ... DROP)
+        -o cali+ -> cali-to-wl-dispatch:   the same with -o and cali-tw-<iface>
         (returns: denies were dropped, allows carry the accept mark)
     ... other programs' FORWARD rules: kube-proxy's KUBE-SERVICES (REJECT for a
         Service without endpoints), KUBE-EXTERNAL-SERVICES, KUBE-FORWARD ...
@@ -56,6 +57,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from bgp.config import DEFAULT_PORT as BGP_PORT
+from felix.constants import HOST_IFACE_PREFIX
 from felix.dataplane import apply_in_order
 from felix.dataplane.backend import detect_backend
 from felix.dataplane.ipsets import IpsetManager
@@ -72,6 +74,7 @@ log = logging.getLogger(__name__)
 FORWARD, INPUT = "cali-FORWARD", "cali-INPUT"
 FROM_DISPATCH, TO_DISPATCH = "cali-from-wl-dispatch", "cali-to-wl-dispatch"
 WL_TO_HOST = "cali-wl-to-host"
+HOST_PREFIX = HOST_IFACE_PREFIX  # every pod veth's host end
 MARK = f"{ACCEPT_MARK:#x}/{ACCEPT_MARK:#x}"
 
 # What a pod's traffic to its own node gets once its egress policy allowed it.
@@ -127,9 +130,46 @@ def _rules(*rows: tuple[str, ...]) -> tuple[Rule, ...]:
     return tuple(Rule(row) for row in rows)
 
 
+UNKNOWN_ENDPOINT = ("-m", "comment", "--comment", "unknown endpoint", "-j", "DROP")
+
+
 def _dispatch(ifaces: Iterable[str], flag: str, prefix: str) -> tuple[Rule, ...]:
     jumps = [(flag, iface, "-g", f"{prefix}{iface}") for iface in sorted(ifaces)]
-    return _rules(*jumps, ("-m", "comment", "--comment", "unknown endpoint", "-j", "DROP"))
+    return _rules(*jumps, UNKNOWN_ENDPOINT)
+
+
+def dispatch_tree(
+    ifaces: Iterable[str], flag: str, prefix: str, root: str
+) -> dict[str, tuple[Rule, ...]]:
+    """The dispatch chain ``root`` and its leaves, one per character after ``cali``.
+
+    Pod veths are ``cali`` + 11 hex characters, so the root has at most 16 jumps
+    (``-i cali3+ -g <root>-3``) and each leaf the endpoints of its character, as in
+    Felix: a new endpoint rewrites one leaf of about n/16 rules, not a chain listing
+    every endpoint of the node. Interfaces of another shape are dispatched from the
+    root itself. Every chain ends in a drop, so an unknown ``cali`` interface is
+    dropped wherever it lands (the goto never returns to a chain that would pass it).
+    """
+    groups: dict[str, list[str]] = {}
+    direct: list[str] = []
+    for iface in sorted(ifaces):
+        key = iface[len(HOST_PREFIX)] if _in_tree(iface) else ""
+        (groups.setdefault(key, []) if key else direct).append(iface)
+    chains = {f"{root}-{key}": _dispatch(members, flag, prefix) for key, members in groups.items()}
+    jumps = [(flag, f"{HOST_PREFIX}{key}+", "-g", f"{root}-{key}") for key in sorted(groups)]
+    jumps += [(flag, iface, "-g", f"{prefix}{iface}") for iface in direct]
+    chains[root] = _rules(*jumps, UNKNOWN_ENDPOINT)
+    return chains
+
+
+def _in_tree(iface: str) -> bool:
+    """``cali`` followed by a letter or digit: dispatched through a leaf chain."""
+    return (
+        iface.startswith(HOST_PREFIX)
+        and len(iface) > len(HOST_PREFIX)
+        and iface[len(HOST_PREFIX)].isalnum()
+        and iface[len(HOST_PREFIX)].isascii()
+    )
 
 
 def _wl_to_host(
@@ -212,8 +252,8 @@ def render(
     """
     ifaces = sorted(local_ifaces)
     chains = convert(state.chains)
-    chains[FROM_DISPATCH] = _dispatch(ifaces, "-i", "cali-fw-")
-    chains[TO_DISPATCH] = _dispatch(ifaces, "-o", "cali-tw-")
+    chains.update(dispatch_tree(ifaces, "-i", "cali-fw-", FROM_DISPATCH))
+    chains.update(dispatch_tree(ifaces, "-o", "cali-tw-", TO_DISPATCH))
     chains[FORWARD] = _rules(
         ("-j", "MARK", "--set-xmark", f"0x0/{ACCEPT_MARK:#x}"),
         ("-i", "cali+", "-j", FROM_DISPATCH),

@@ -31,6 +31,7 @@ import re
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from difflib import SequenceMatcher
 
 from felix.dataplane.backend import NFT, Backend
 from felix.dataplane.runner import CommandRunner
@@ -75,13 +76,21 @@ def _quote(arg: str) -> str:
 
 
 def rule_hashes(seed: str, rules: Sequence[Rule]) -> list[str]:
-    """Chained hashes: each depends on the seed (the chain) and every rule up to it."""
-    digest = hashlib.sha224(seed.encode()).digest()
-    hashes = []
-    for rule in rules:
-        digest = hashlib.sha224(digest + rule.render().encode()).digest()
-        hashes.append(base64.urlsafe_b64encode(digest).decode()[:HASH_LENGTH])
-    return hashes
+    """One hash per rule, of the chain (``seed``) and the rule's content.
+
+    Where a rule sits is told by the order of the hashes (a moved, missing or added
+    rule changes the sequence); a rule keeps its hash when another is inserted above
+    it, so an insert is written as one insert. That matters on nf_tables: a commit
+    that deletes or replaces a rule waits for an RCU grace period (about 10 ms here),
+    one that only adds does not (2.5 ms).
+    """
+    prefix = hashlib.sha224(seed.encode()).digest()
+    return [
+        base64.urlsafe_b64encode(hashlib.sha224(prefix + rule.render().encode()).digest()).decode()[
+            :HASH_LENGTH
+        ]
+        for rule in rules
+    ]
 
 
 def parse_save(text: str, table: str) -> KernelView:
@@ -314,12 +323,7 @@ class Table:
         if current is None:
             txn.declare.append(f":{chain} - [0:0]")
             current = []
-        for i, (rule, want) in enumerate(zip(desired, hashes, strict=True)):
-            if i >= len(current):
-                txn.rules.append(f"-A {chain} {_with_hash(rule, want)}")
-            elif current[i] != want:
-                txn.rules.append(f"-R {chain} {i + 1} {_with_hash(rule, want)}")
-        txn.rules.extend(f"-D {chain} {i}" for i in range(len(current), len(desired), -1))
+        txn.rules.extend(_edit_lines(chain, current, desired, hashes))
 
     def _plan_hooks(self, txn: _Transaction, chain: str, current: list[str | None]) -> None:
         hooks = self._hooks.get(chain, _Hooks())
@@ -352,6 +356,29 @@ class Table:
                 *rule_hashes(chain + "/append", hooks.appended),
             ]
         return view
+
+
+def _edit_lines(
+    chain: str, current: list[str | None], desired: Sequence[Rule], hashes: list[str]
+) -> list[str]:
+    """The fewest deletes and inserts that turn the kernel's chain into the desired one.
+
+    From the end of the chain backwards, so each line's position is still right when
+    it runs: rules kept keep their place, a new rule is one ``-I``, a rule gone is one
+    ``-D``, and rules without Tabby's hash (added by hand) are deleted.
+    """
+    lines: list[str] = []
+    matcher = SequenceMatcher(None, current, hashes, autojunk=False)
+    for tag, i1, i2, j1, j2 in reversed(matcher.get_opcodes()):
+        if tag == "equal":
+            continue
+        lines.extend(f"-D {chain} {k}" for k in range(i2, i1, -1))
+        # -I at (length + 1) appends: both backends take it
+        lines.extend(
+            f"-I {chain} {i1 + 1 + offset} {_with_hash(desired[j], hashes[j])}"
+            for offset, j in enumerate(range(j1, j2))
+        )
+    return lines
 
 
 def _check_owned_name(name: str) -> None:

@@ -12,6 +12,7 @@ from tests.unit.dataplane.fake_kernel import FakeKernel
 
 BACKENDS = [NFT, LEGACY, LEGACY_IPTC]
 ACCEPT = Rule(("-j", "ACCEPT"))
+DROP = Rule(("-j", "DROP"))
 JUMP_FWD = Rule(("-j", "cali-FORWARD"))
 FOREIGN = "-s 192.0.2.1/32 -j DROP"
 
@@ -249,13 +250,43 @@ def test_args_with_spaces_survive_the_round_trip(kernel: FakeKernel) -> None:
     ]
 
 
-def test_hashes_depend_on_chain_and_position() -> None:
-    a = rule_hashes("cali-a", [ACCEPT, ACCEPT])
-    b = rule_hashes("cali-b", [ACCEPT, ACCEPT])
+def test_hashes_depend_on_chain_and_content_not_on_what_is_above() -> None:
+    a = rule_hashes("cali-a", [ACCEPT, DROP])
+    b = rule_hashes("cali-b", [ACCEPT, DROP])
 
     assert a[0] != a[1] and a[0] != b[0]
     assert all(len(h) == 16 for h in a + b)
-    assert rule_hashes("cali-a", [ACCEPT, ACCEPT]) == a
+    assert rule_hashes("cali-a", [ACCEPT, DROP]) == a
+    assert rule_hashes("cali-a", [r("-s", "10.0.0.1", "-j", "RETURN"), ACCEPT, DROP])[1:] == a
+
+
+def test_a_rule_inserted_or_removed_is_one_insert_or_one_delete(kernel: FakeKernel) -> None:
+    """A new endpoint's jump in a dispatch chain is one -I, never a rewrite of the rules
+    below it: on nf_tables a commit that deletes or replaces a rule costs an RCU grace
+    period (about 10 ms), one that only adds does not."""
+    t = table(kernel, NFT)
+    jumps = [r("-i", f"cali{i}", "-j", "RETURN") for i in (1, 3, 5)]
+    t.set_chain("cali-x", [*jumps, DROP])
+    t.apply()
+
+    t.set_chain("cali-x", [jumps[0], r("-i", "cali2", "-j", "RETURN"), *jumps[1:], DROP])
+    t.apply()
+    added = kernel.restore_inputs[-1].splitlines()
+    assert [line.split()[:3] for line in added if line.startswith("-")] == [["-I", "cali-x", "2"]]
+    assert kernel.rules("nft", "filter", "cali-x") == [
+        "-i cali1 -j RETURN",
+        "-i cali2 -j RETURN",
+        "-i cali3 -j RETURN",
+        "-i cali5 -j RETURN",
+        "-j DROP",
+    ]
+
+    t.set_chain("cali-x", [jumps[0], *jumps[1:], DROP])
+    t.apply()
+    removed = kernel.restore_inputs[-1].splitlines()
+    assert [line for line in removed if line.startswith("-")] == ["-D cali-x 2"]
+    t.invalidate()
+    assert t.apply().bytes_written == 0
 
 
 def test_parse_save_reads_only_names_and_tabby_hashes() -> None:

@@ -3,7 +3,14 @@
 from __future__ import annotations
 
 from datastore.models import IPPool, IPPoolSpec, Meta
-from felix.policy_dataplane import FORWARD, FROM_DISPATCH, INPUT, TO_DISPATCH, render
+from felix.policy_dataplane import (
+    FORWARD,
+    FROM_DISPATCH,
+    INPUT,
+    TO_DISPATCH,
+    dispatch_tree,
+    render,
+)
 from felix.tunnels import needed_tunnels, vxlan_mac
 from policy import desired_state, parse_pod, parse_policy
 
@@ -50,11 +57,32 @@ def test_render_dispatches_known_endpoints_and_fails_closed_for_unknown_ones() -
     state = render(desired_state([deny], [a, b], [], local), local, "DROP")
 
     from_wl = [r.args for r in state.chains[FROM_DISPATCH]]
-    assert ("-i", "caliaaaa", "-g", "cali-fw-caliaaaa") in from_wl
-    assert from_wl[-1][-2:] == ("-j", "DROP")  # an unknown cali interface is dropped
-    to_wl = [r.args for r in state.chains[TO_DISPATCH]]
+    assert ("-i", "calia+", "-g", f"{FROM_DISPATCH}-a") in from_wl
+    leaf = [r.args for r in state.chains[f"{FROM_DISPATCH}-a"]]
+    assert leaf[0] == ("-i", "caliaaaa", "-g", "cali-fw-caliaaaa")
+    for chain in (FROM_DISPATCH, f"{FROM_DISPATCH}-a", TO_DISPATCH, f"{TO_DISPATCH}-b"):
+        # an unknown cali interface is dropped, in the root or in a leaf
+        assert state.chains[chain][-1].args[-2:] == ("-j", "DROP")
+    to_wl = [r.args for r in state.chains[f"{TO_DISPATCH}-b"]]
     assert ("-o", "calibbbb", "-g", "cali-tw-calibbbb") in to_wl
     assert state.hooks["FORWARD"][0].args == ("-j", FORWARD)
     assert state.hooks["INPUT"][0].args == ("-j", INPUT)
     assert state.chains[INPUT][0].args == ("-i", "cali+", "-g", "cali-wl-to-host")
     assert "cali-tw-caliaaaa" in state.chains and "cali-fw-calibbbb" in state.chains
+
+
+def test_dispatch_tree_has_a_leaf_per_character_and_only_one_leaf_changes_per_endpoint() -> None:
+    ifaces = [f"cali{c}{i:010x}" for c in "0123456789abcdef" for i in range(7)]
+    tree = dispatch_tree(ifaces, "-i", "cali-fw-", FROM_DISPATCH)
+    assert len(tree) == 17  # the root and 16 leaves
+    assert len(tree[FROM_DISPATCH]) == 17  # 16 jumps and the drop
+    assert all(len(tree[f"{FROM_DISPATCH}-{c}"]) == 8 for c in "0123456789abcdef")
+    grown = dispatch_tree([*ifaces, "cali3ffffffffff"], "-i", "cali-fw-", FROM_DISPATCH)
+    changed = {name for name in grown if grown[name] != tree.get(name)}
+    assert changed == {f"{FROM_DISPATCH}-3"}
+    odd = dispatch_tree(["cali-x", "eth9"], "-o", "cali-tw-", TO_DISPATCH)
+    assert [r.args for r in odd[TO_DISPATCH]][:2] == [
+        ("-o", "cali-x", "-g", "cali-tw-cali-x"),
+        ("-o", "eth9", "-g", "cali-tw-eth9"),
+    ]
+    assert list(odd) == [TO_DISPATCH]
