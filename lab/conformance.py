@@ -44,6 +44,7 @@ if TYPE_CHECKING:
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO / "build" / "conformance"
 DEFAULT_REPORT = REPO / "docs" / "conformance.md"
+LAB_NODES = 3  # each lab's real nodes (the e2e suite is told the count)
 E2E_FOCUS = "Netpol"
 # The specs that open SCTP sockets (servers and `agnhost connect --protocol=sctp`). Not
 # plain "SCTP": two TCP specs only name SCTP in a policy, and must run everywhere.
@@ -559,10 +560,21 @@ def services_suite(cni: str, kernel_skips: dict[str, str]) -> E2ESuite:
     )
 
 
-def run_e2e(bin_dir: Path, kubeconfig: Path, out: Path, suite: E2ESuite, procs: int) -> SuiteRun:
+def run_e2e(
+    bin_dir: Path,
+    kubeconfig: Path,
+    out: Path,
+    suite: E2ESuite,
+    procs: int,
+    nodes: int = LAB_NODES,
+) -> SuiteRun:
     """A focus of the e2e sig-network binary through the ginkgo CLI (`procs` parallel
     processes; `[Serial]` specs run after the others, alone). The specs that shell out
-    to kubectl get the pinned one, not whatever `kubectl` the host's PATH has."""
+    to kubectl get the pinned one, not whatever `kubectl` the host's PATH has.
+
+    ``--num-nodes`` is given: without it only the first ginkgo process counts the
+    nodes, and a spec that needs two (``externalTrafficPolicy=Local for type=NodePort``)
+    skipped itself on the others ("Requires at least 2 nodes (not -1)")."""
     from lab.controlplane import k8s_bin_dir
 
     report = out / f"{suite.stem}.json"
@@ -575,7 +587,8 @@ def run_e2e(bin_dir: Path, kubeconfig: Path, out: Path, suite: E2ESuite, procs: 
         f"--junit-report=junit-{suite.stem}.xml",
         str(bin_dir / "e2e-network.test"), "--",
         f"--kubeconfig={kubeconfig}", f"--kubectl-path={k8s_bin_dir() / 'kubectl'}",
-        "--provider=local", "--dump-logs-on-failure=false", "--disable-log-dump=true",
+        "--provider=local", f"--num-nodes={nodes}",
+        "--dump-logs-on-failure=false", "--disable-log-dump=true",
     ]  # fmt: skip
     env = {**os.environ, "KUBERNETES_CONFORMANCE_TEST": "y"}
     began = time.monotonic()
@@ -772,11 +785,13 @@ def _run(args: argparse.Namespace, report: Path) -> int:
     session.skips = skips = {SCTP_SPECS: sctp} if sctp else {}
     if sctp:
         session.progress(f"skipping the SCTP specs and cases: {sctp}")
-    labs = [(KubeSpec(nodes=3, policy=args.policy), args.workdir, _suites(args, bin_dir, skips))]
+    labs = [
+        (KubeSpec(nodes=LAB_NODES, policy=args.policy), args.workdir, _suites(args, bin_dir, skips))
+    ]
     if _runs_services(args):
         peer_plan = [_services_plan(args, bin_dir, PEER_CNI, skips)]
         peer_dir = args.workdir.with_name(f"conformance-{PEER_CNI}")
-        labs.append((KubeSpec(nodes=3, cni=PEER_CNI), peer_dir, peer_plan))
+        labs.append((KubeSpec(nodes=LAB_NODES, cni=PEER_CNI), peer_dir, peer_plan))
     for spec, workdir, plan in labs:
         if plan:
             session.run_on_lab(spec, workdir, plan)
