@@ -27,15 +27,6 @@ from policy.model import IPAddress
 RawPod = dict[str, Any]
 
 
-def pod_key(raw: Any) -> PodKey | None:
-    """(namespace, name) of a Pod dict, if it has them (parsing reports the rest)."""
-    meta = raw.get("metadata") if isinstance(raw, dict) else None
-    if not isinstance(meta, dict):
-        return None
-    namespace, name = meta.get("namespace"), meta.get("name")
-    return (namespace, name) if isinstance(namespace, str) and isinstance(name, str) else None
-
-
 def _status_ips(raw: RawPod) -> set[str]:
     """The addresses a Pod's status claims, as text (for the index only)."""
     status = raw.get("status")
