@@ -38,6 +38,15 @@ def _version(obj: Obj) -> str:
     return str(obj.get("metadata", {}).get("resourceVersion", ""))
 
 
+def without_managed_fields(obj: Obj) -> Obj:
+    """``obj`` without ``metadata.managedFields`` (server-side apply's bookkeeping,
+    often the largest part of an object, read by nobody in Tabby)."""
+    meta = obj.get("metadata")
+    if not isinstance(meta, dict) or "managedFields" not in meta:
+        return obj
+    return {**obj, "metadata": {k: v for k, v in meta.items() if k != "managedFields"}}
+
+
 @dataclass
 class InformerStats:
     """Counters for tests, metrics and `tabbyctl` diagnostics."""
@@ -87,7 +96,10 @@ class Informer:
         watch_timeout_s: int = 240,
         resource_version: str | None = None,
         backoff: Backoff | None = None,
+        transform: Callable[[Obj], Obj] | None = None,
     ) -> None:
+        """``transform`` (client-go's SetTransform) shapes each object before it is
+        cached and handed to the handlers: an agent keeps only the fields it reads."""
         self.datastore = datastore
         self.kind = kind
         self.handlers = handlers or Handlers()
@@ -97,6 +109,7 @@ class Informer:
         self.watch_timeout_s = watch_timeout_s
         self.resource_version = resource_version or ""
         self.backoff = backoff or Backoff()
+        self.transform = transform
         self.cache: dict[str, Obj] = {}
         self.stats = InformerStats()
         self.synced = threading.Event()
@@ -167,6 +180,8 @@ class Informer:
             field_selector=self.field_selector,
         )
         self.stats.lists += 1
+        if self.transform is not None:
+            items = [self.transform(item) for item in items]
         fresh = {object_key(item): item for item in items}
         with self._lock:
             old = self.cache
@@ -214,6 +229,8 @@ class Informer:
             self.resource_version = version or self.resource_version
             return
         self.stats.events += 1
+        if self.transform is not None:
+            obj = self.transform(obj)
         key = object_key(obj)
         with self._lock:
             old = self.cache.get(key)

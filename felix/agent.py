@@ -40,7 +40,7 @@ from datastore import kinds
 from datastore.client import Datastore
 from datastore.errors import DatastoreError, NotConfigured, NotFound
 from datastore.incluster import choose_kubeconfig
-from datastore.informer import Handlers, Informer, object_key
+from datastore.informer import Handlers, Informer, object_key, without_managed_fields
 from datastore.models import BGPConfiguration, BGPPeer, BlockAffinity, IPAMBlock, IPPool
 from felix import logs
 from felix.cni_server import (
@@ -83,6 +83,7 @@ from ipam.allocator import AGENT_PRECLAIM_BELOW, IPAMAllocator
 from ipam.pools import tunnel_handle_id
 from ipam.selector import SelectorError, parse_selector
 from policy.membership import local_address
+from policy.pod_fields import slim_pod
 
 log = logging.getLogger(__name__)
 
@@ -361,7 +362,7 @@ class Agent:
         specs: dict[str, tuple[kinds.ResourceKind, str | None]] = {
             "pools": (kinds.IPPOOL, None),
             "nodes": (kinds.NODE, None),
-            "pods": (kinds.POD, None),
+            "pods": (kinds.POD, None),  # every pod of the cluster: slimmed (slim_pod)
             "namespaces": (kinds.NAMESPACE, None),
             "policies": (kinds.NETWORKPOLICY, None),
             "bgpconfigs": (kinds.BGPCONFIGURATION, None),
@@ -371,7 +372,11 @@ class Agent:
         }
         for name, (kind, field_selector) in specs.items():
             informer = Informer(
-                self.datastore, kind, self._requester(name), field_selector=field_selector
+                self.datastore,
+                kind,
+                self._requester(name),
+                field_selector=field_selector,
+                transform=slim_pod if kind is kinds.POD else without_managed_fields,
             )
             self.informers[name] = informer.start()
 

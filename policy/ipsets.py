@@ -1,7 +1,8 @@
 """ipset specifications (what a set means) and their members (what it holds).
 
 Compiled chains refer to sets by name only; the name is a hash of what the set
-means, never of who is in it.  That split is the incremental story: a pod that
+means, never of who is in it (computed once per spec: the agent asks for it on
+every pass).  That split is the incremental story: a pod that
 appears, changes labels or goes away changes set members, never a chain.
 
 Three kinds:
@@ -18,6 +19,7 @@ traffic must not be treated as a pod's.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -39,7 +41,7 @@ class SelectorSet:
 
     set_type = "hash:ip"
 
-    @property
+    @functools.cached_property
     def name(self) -> str:
         """Hash of the canonical selection."""
         return ipset_name(self.family, "s", self.selection.canonical())
@@ -70,7 +72,7 @@ class NamedPortSet:
 
     set_type = "hash:ip,port"
 
-    @property
+    @functools.cached_property
     def name(self) -> str:
         """Hash of selection, protocol and port name."""
         text = f"{self.selection.canonical()},{self.protocol},{self.port_name}"
@@ -103,7 +105,7 @@ class NetSet:
 
     set_type = "hash:net"
 
-    @property
+    @functools.cached_property
     def name(self) -> str:
         """Hash of the CIDR list."""
         return ipset_name(self.family, "e", ",".join(str(n) for n in self.nets))

@@ -56,6 +56,9 @@ class PolicyCalculator:
         self._policy_users: Counter[str] = Counter()
         self._set_users: Counter[str] = Counter()
         self._dirty: set[str] = set()  # interfaces whose chains must be recomputed
+        # desired()'s chains and set specs, kept until an endpoint's chains or a
+        # compiled policy change (most passes only move set members).
+        self._layout: tuple[dict[str, Chain], dict[str, IPSetSpec]] | None = None
 
     # -- inputs ------------------------------------------------------------------------
     def update_pod(self, key: PodKey, pod: Pod | None) -> None:
@@ -105,6 +108,18 @@ class PolicyCalculator:
     def desired(self) -> DesiredState:
         """Chains, set specs and members for this node, as :func:`policy.desired_state`."""
         self._recompute_dirty()
+        if self._layout is None:
+            self._layout = self._build_layout()
+        chains, specs = self._layout
+        members = {name: self.members.members(name) for name in specs}
+        return DesiredState(chains, specs, members)
+
+    def local_pods(self) -> Mapping[str, Pod]:
+        """Interface -> pod, for the endpoints whose pod is known (the others fail closed)."""
+        return {i: self._pods[k] for i, k in self._endpoints.items() if k in self._pods}
+
+    # -- internals ---------------------------------------------------------------------
+    def _build_layout(self) -> tuple[dict[str, Chain], dict[str, IPSetSpec]]:
         chains: dict[str, Chain] = {}
         for iface in sorted(self._chains):
             eps = self._chains[iface][0]
@@ -115,16 +130,12 @@ class PolicyCalculator:
             compiled = self._compiled[key]
             chains.update((c.name, c) for c in compiled.chains)
             specs.update((s.name, s) for s in compiled.ipsets)
-        members = {name: self.members.members(name) for name in sorted(specs)}
-        return DesiredState(chains, specs, members)
+        return chains, dict(sorted(specs.items()))
 
-    def local_pods(self) -> Mapping[str, Pod]:
-        """Interface -> pod, for the endpoints whose pod is known (the others fail closed)."""
-        return {i: self._pods[k] for i, k in self._endpoints.items() if k in self._pods}
-
-    # -- internals ---------------------------------------------------------------------
     def _recompute_dirty(self) -> None:
         dirty, self._dirty = self._dirty, set()
+        if dirty:
+            self._layout = None
         for iface in dirty:
             key = self._endpoints.get(iface)
             pod = self._pods.get(key) if key is not None else None
@@ -159,6 +170,7 @@ class PolicyCalculator:
 
     def _swap_compiled(self, key: str, compiled: CompiledPolicy | None) -> None:
         """Replace a used policy's compiled form, moving its set references."""
+        self._layout = None
         old = self._compiled.pop(key, None)
         if compiled is not None:
             self._compiled[key] = compiled

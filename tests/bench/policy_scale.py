@@ -35,10 +35,24 @@ Standalone, as root: ``.venv/bin/python tests/bench/policy_scale.py``. It measur
    endpoint chain, as in Calico. The packets that entered a policy chain are
    counted and printed to show it.
 
-Everything created (namespaces, the lab, iperf3) is removed at the end, also on
-failure or SIGTERM. The last line printed is exactly::
+4. **Growth with the cluster**: one node with 100 local pods and 2,000 policies in
+   clusters of 1,000, 2,500, 5,000 and 10,000 pods (the others on other nodes:
+   they fill the node's ipsets). The same kinds of change as in part 1, plus a
+   remote pod's relabel that moves it into or out of a set the node uses. A
+   one-pod change should cost the same at every size; p50, p99 and the median per
+   kind are printed per size. ``cluster_apply_p99_ms`` is the 10,000-pod p99.
+5. **The agent's memory**: a 1-node ``LabCluster`` whose real ``tabby-node``
+   watches 10,000 pods bound to other nodes (with the status kubelet writes) and
+   2,000 policies, written through the apiserver, plus 20 pods wired on the node
+   by CNI ADD. Once every ipset the node must hold (computed here by
+   ``felix.calc`` from what the apiserver lists) is in the node's kernel with
+   exactly the expected members, the agent's VmRSS is read (``agent_rss_mib``).
+
+Everything created (namespaces, the labs, iperf3) is removed at the end, also on
+failure or SIGTERM. The last line printed is exactly (one line)::
 
     policy apply_p99_ms=X incremental_bytes_ratio=Y throughput_ratio=Z
+        cluster_apply_p99_ms=C agent_rss_mib=R
 """
 
 from __future__ import annotations
@@ -58,7 +72,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -70,11 +84,15 @@ if str(REPO) not in sys.path:
 
 from felix.calc import PolicyCalculator  # noqa: E402
 from felix.dataplane.backend import detect_backend  # noqa: E402
+from felix.dataplane.ipsets import normalize_members, parse_ipset_save  # noqa: E402
 from felix.dataplane.runner import SubprocessRunner  # noqa: E402
 from felix.policy_dataplane import PolicyDataplane, render  # noqa: E402
 from lab.cluster import ClusterSpec, LabCluster  # noqa: E402
 from policy import (  # noqa: E402
+    DesiredState,
+    IPSetSpec,
     Namespace,
+    NetSet,
     NetworkPolicy,
     Pod,
     desired_state,
@@ -110,8 +128,8 @@ def namespace_obj(i: int) -> Obj:
     return {"metadata": {"name": _ns_name(i), "labels": labels}}
 
 
-def pod_obj(i: int, rng: random.Random) -> Obj:
-    """Pod i: a namespace, labels, one /32 in 10.244/16, named ports on most pods."""
+def pod_obj(i: int, rng: random.Random, base: str = "10.244.0.0") -> Obj:
+    """Pod i: a namespace, labels, one /32 in base/16, named ports on most pods."""
     ports = [{"name": "http", "containerPort": 8080}]
     if i % 3 == 0:
         ports.append({"name": "metrics", "containerPort": 9090})
@@ -122,7 +140,7 @@ def pod_obj(i: int, rng: random.Random) -> Obj:
         "tier": rng.choice(TIERS),
         "version": rng.choice(["v1", "v2"]),
     }
-    ip = ipaddress.IPv4Address("10.244.0.0") + 2 + i
+    ip = ipaddress.IPv4Address(base) + 2 + i
     return {
         "metadata": {
             "name": f"pod-{i:04d}",
@@ -252,11 +270,17 @@ class World:
     policies: dict[str, NetworkPolicy]
     local: dict[str, Pod] = field(default_factory=dict)
     added: list[str] = field(default_factory=list)
+    # The set specs of the last apply: what a remote pod's change can reach.
+    active_sets: dict[str, IPSetSpec] = field(default_factory=dict)
     # The agent's calculation layer, fed each change as its informers feed it.
     calc: PolicyCalculator = field(default_factory=PolicyCalculator)
 
     @classmethod
-    def build(cls, n_pods: int, n_policies: int, seed: int = 7) -> World:
+    def build(
+        cls, n_pods: int, n_policies: int, n_local: int | None = None, seed: int = 7
+    ) -> World:
+        """The cluster; ``n_local`` pods (default: all), a seeded sample, are wired on
+        the node."""
         rng = random.Random(seed)
         namespaces = [parse_namespace(namespace_obj(i)) for i in range(N_NAMESPACES)]
         pod_objs = {}
@@ -269,7 +293,10 @@ class World:
             policy = parse_policy(policy_obj(i))
             policies[policy.key] = policy
         world = cls(namespaces, pods, pod_objs, policies)
-        world.local = {_iface(p.namespace, p.name): p for p in pods.values()}
+        chosen = list(pods.values())
+        if n_local is not None and n_local < n_pods:
+            chosen = random.Random(seed + 1).sample(chosen, n_local)
+        world.local = {_iface(p.namespace, p.name): p for p in chosen}
         for namespace in namespaces:
             world.calc.update_namespace(namespace.name, namespace)
         for pod in pods.values():
@@ -283,8 +310,17 @@ class World:
     def set_pod(self, key: str, obj: Obj) -> None:
         pod = parse_pod(obj)
         self.pod_objs[key], self.pods[key] = obj, pod
-        self.local[_iface(pod.namespace, pod.name)] = pod
+        iface = _iface(pod.namespace, pod.name)
+        if iface in self.local:
+            self.local[iface] = pod
         self.calc.update_pod((pod.namespace, pod.name), pod)
+
+    def is_local(self, key: str) -> bool:
+        namespace, name = key.split("/", 1)
+        return _iface(namespace, name) in self.local
+
+    def ns_labels(self) -> dict[str, Mapping[str, str]]:
+        return {namespace.name: namespace.labels for namespace in self.namespaces}
 
     def set_policy(self, policy: NetworkPolicy) -> None:
         self.policies[policy.key] = policy
@@ -299,8 +335,11 @@ def apply(dp: PolicyDataplane, world: World, *, resync: bool = False) -> tuple[f
     """One timed apply as the agent does it (the calculation's state, then the
     writes): seconds and bytes written."""
     start = time.perf_counter()
-    dp.apply_state(world.calc.desired(), world.calc.local_pods(), resync=resync)
-    return time.perf_counter() - start, dp.last_bytes
+    state = world.calc.desired()
+    dp.apply_state(state, world.calc.local_pods(), resync=resync)
+    elapsed = time.perf_counter() - start
+    world.active_sets = dict(state.ipsets)
+    return elapsed, dp.last_bytes
 
 
 def _selects_local(world: World, policy: NetworkPolicy) -> bool:
@@ -311,14 +350,51 @@ def _selecting(world: World, pod: Pod) -> set[str]:
     return {key for key, policy in world.policies.items() if policy.selects(pod)}
 
 
+def _reaches_node(world: World, old: Pod, new: Pod) -> bool:
+    """Does a remote pod's change move it into or out of a set this node uses?"""
+    labels = world.ns_labels()
+    for spec in world.active_sets.values():
+        if isinstance(spec, NetSet):
+            continue
+        scope = spec.selection.namespace
+        if scope is not None and scope != new.namespace:
+            continue
+        if spec.members((old,), labels) != spec.members((new,), labels):
+            return True
+    return False
+
+
+def _relabel(world: World, rng: random.Random, *, local: bool) -> str:
+    """Give one pod other app/tier labels, chosen so that the node must act on it:
+    a local pod's set of selecting policies changes, a remote pod enters or leaves
+    a set the node uses."""
+    keys = sorted(k for k in world.pod_objs if world.is_local(k) == local)
+    while True:
+        key = rng.choice(keys)
+        obj = json.loads(json.dumps(world.pod_objs[key]))
+        obj["metadata"]["labels"]["app"] = rng.choice(APPS)
+        obj["metadata"]["labels"]["tier"] = rng.choice(TIERS)
+        new, old = parse_pod(obj), world.pods[key]
+        if local and _selecting(world, new) != _selecting(world, old):
+            break
+        if not local and _reaches_node(world, old, new):
+            break
+    world.set_pod(key, obj)
+    return f"labels of {key}" + ("" if local else " (remote)")
+
+
 def change(world: World, step: int, rng: random.Random, n_policies: int) -> str:
-    """One incremental change, four kinds in rotation; returns what it did.
+    """One incremental change, four kinds in rotation (five when some pods are on
+    other nodes: a remote pod's relabel); returns what it did.
 
     Every change is one the node must act on (a policy that selects a local pod,
-    a relabel that changes which policies select the pod), so no step is a free
-    no-op that would flatter the figures.
+    a relabel that changes which policies select the pod or which of the node's
+    sets hold it), so no step is a free no-op that would flatter the figures.
     """
-    kind = step % 4
+    kinds = 5 if len(world.local) < len(world.pods) else 4
+    kind = step % kinds
+    if kind == 4:
+        return _relabel(world, rng, local=False)
     if kind == 0:  # one policy's port changes
         while True:
             i = rng.randrange(n_policies)
@@ -327,16 +403,8 @@ def change(world: World, step: int, rng: random.Random, n_policies: int) -> str:
                 break
         world.set_policy(policy)
         return f"port of {policy.key}"
-    if kind == 1:  # one pod gets other app/tier labels: ipsets + its endpoint chains
-        while True:
-            key = rng.choice(sorted(world.pod_objs))
-            obj = json.loads(json.dumps(world.pod_objs[key]))
-            obj["metadata"]["labels"]["app"] = rng.choice(APPS)
-            obj["metadata"]["labels"]["tier"] = rng.choice(TIERS)
-            if _selecting(world, parse_pod(obj)) != _selecting(world, world.pods[key]):
-                break
-        world.set_pod(key, obj)
-        return f"labels of {key}"
+    if kind == 1:  # a local pod gets other app/tier labels: ipsets + its endpoint chains
+        return _relabel(world, rng, local=True)
     if kind == 2:  # a new policy
         candidate = n_policies + step * 101
         while True:
@@ -392,13 +460,16 @@ def count_kernel(ns: str, backend_save: list[str]) -> tuple[int, int, int]:
     return chains, rules, members
 
 
-def bench_apply(n_pods: int, n_policies: int, n_changes: int) -> tuple[float, float]:
+def bench_apply(
+    n_pods: int, n_policies: int, n_changes: int, n_local: int | None = None
+) -> tuple[float, float]:
     """Parts 1 and 2: returns (apply p99 ms, incremental bytes ratio)."""
     t0 = time.perf_counter()
-    world = World.build(n_pods, n_policies)
+    world = World.build(n_pods, n_policies, n_local)
     print(
-        f"world: {len(world.pods)} local pods in {N_NAMESPACES} namespaces, "
-        f"{len(world.policies)} policies (built and parsed in {time.perf_counter() - t0:.1f} s)"
+        f"world: {len(world.pods)} pods ({len(world.local)} on this node) in "
+        f"{N_NAMESPACES} namespaces, {len(world.policies)} policies "
+        f"(built and parsed in {time.perf_counter() - t0:.1f} s)"
     )
     with fresh_netns("node") as ns:
         dp = PolicyDataplane(SubprocessRunner(netns=ns), "auto")
@@ -465,6 +536,60 @@ def bench_apply(n_pods: int, n_policies: int, n_changes: int) -> tuple[float, fl
         f"full {full_bytes} B (rewrite {rewrite_bytes} B); ratio {ratio:.4f}"
     )
     return p99, ratio
+
+
+@dataclass
+class GrowthRow:
+    pods: int
+    full_ms: float
+    members: int
+    p50_ms: float
+    p99_ms: float
+    by_kind: dict[str, float]  # median ms per kind of change
+
+
+def _kind(what: str) -> str:
+    if what.startswith("labels of"):
+        return "remote relabel" if what.endswith("(remote)") else "local relabel"
+    return what.split(maxsplit=1)[0]  # port, add, remove
+
+
+def bench_growth(
+    sizes: list[int], n_policies: int, n_local: int, n_changes: int
+) -> list[GrowthRow]:
+    """Part 4: the same node (``n_local`` pods, the same policies) in clusters of
+    growing size. Most pods are on other nodes; they count because they fill the
+    node's ipsets. A one-pod change should cost the same whatever the cluster's size."""
+    rows = []
+    for n_pods in sizes:
+        world = World.build(n_pods, n_policies, n_local)
+        with fresh_netns(f"g{n_pods}") as ns:
+            dp = PolicyDataplane(SubprocessRunner(netns=ns), "auto")
+            full_s, _ = apply(dp, world)
+            members = count_kernel(ns, list(dp.backend.save))[2]
+            rng = random.Random(99)
+            times: list[float] = []
+            kinds: dict[str, list[float]] = {}
+            for step in range(n_changes):
+                what = change(world, step, rng, n_policies)
+                seconds, _ = apply(dp, world)
+                times.append(seconds)
+                kinds.setdefault(_kind(what), []).append(seconds * 1000)
+        row = GrowthRow(
+            n_pods,
+            full_s * 1000,
+            members,
+            percentile(times, 50) * 1000,
+            percentile(times, 99) * 1000,
+            {kind: statistics.median(ms) for kind, ms in kinds.items()},
+        )
+        rows.append(row)
+        print(
+            f"  {n_pods:6d} pods: full apply {row.full_ms:6.0f} ms ({members} set members); "
+            f"change p50 {row.p50_ms:4.0f} ms p99 {row.p99_ms:4.0f} ms; median by kind: "
+            + ", ".join(f"{k} {v:.0f}" for k, v in sorted(row.by_kind.items()))
+        )
+    return rows
 
 
 # ---------------------------------------------------------------- throughput
@@ -618,20 +743,193 @@ def bench_throughput(work: Path, n_policies: int, seconds: int, runs: int) -> fl
     return ratio
 
 
+# ---------------------------------------------------------------- the agent's memory
+
+REMOTE_BASE = "10.250.0.0"  # remote pods' addresses: outside the lab's pool
+RSS_LOCAL_PODS = 20
+WRITERS = 8  # concurrent apiserver writes while the world is loaded
+
+
+def _kib(pid: int, field_name: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field_name + ":"):
+            return int(line.split()[1])
+    raise RuntimeError(f"no {field_name} in /proc/{pid}/status")
+
+
+def _agent_pid(cluster: LabCluster, node: str) -> int:
+    assert cluster.lab is not None
+    proc = next(p for p in cluster.lab.processes if p.name == f"tabby-node-{node}")
+    assert proc.pid is not None
+    cmdline = Path(f"/proc/{proc.pid}/cmdline").read_bytes()
+    if b"tabby-node" not in cmdline:
+        raise RuntimeError(f"pid {proc.pid} is not the agent: {cmdline!r}")
+    return proc.pid
+
+
+def _load_world(cluster: LabCluster, n_pods: int, n_policies: int) -> None:
+    """Namespaces, pods bound to other nodes (with the status kubelet would write)
+    and policies, written through the apiserver by a few writers at once."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from datastore import kinds
+
+    for i in range(N_NAMESPACES):
+        cluster.create_namespace(_ns_name(i), namespace_obj(i)["metadata"]["labels"])
+    ds = cluster.datastore()
+    rng = random.Random(7)
+    objs = [pod_obj(i, rng, REMOTE_BASE) for i in range(n_pods)]
+
+    def write_pod(i: int) -> None:
+        obj = objs[i]
+        meta = obj["metadata"]
+        body = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": meta,
+            "spec": {
+                "nodeName": f"elsewhere-{i % 50:02d}",
+                "containers": [{"image": "busybox", **c} for c in obj["spec"]["containers"]],
+            },
+        }
+        ds.create_raw(kinds.POD, body)
+        path = kinds.POD.object_path(meta["name"], meta["namespace"]) + "/status"
+        ds.transport.request(
+            "PATCH",
+            path,
+            body={"status": obj["status"]},
+            content_type="application/merge-patch+json",
+        )
+
+    def write_policy(i: int) -> None:
+        cluster.apply_policy(
+            {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", **policy_obj(i)}
+        )
+
+    start = time.monotonic()
+    with ThreadPoolExecutor(WRITERS) as pool:
+        for done, _ in enumerate(pool.map(write_pod, range(n_pods)), 1):
+            if done % 2000 == 0:
+                print(f"  {done} pods written ({time.monotonic() - start:.0f} s)")
+        list(pool.map(write_policy, range(n_policies)))
+    print(f"  {n_pods} pods and {n_policies} policies written in {time.monotonic() - start:.0f} s")
+
+
+def _expected_sets(cluster: LabCluster, local: list[str]) -> DesiredState:
+    """What the node must hold, computed here from what the apiserver lists."""
+    from datastore import kinds
+
+    ds = cluster.datastore()
+    calc = PolicyCalculator()
+    for obj in ds.list_raw(kinds.NAMESPACE)[0]:
+        calc.update_namespace(obj["metadata"]["name"], parse_namespace(obj))
+    for obj in ds.list_raw(kinds.POD)[0]:
+        pod = parse_pod(obj)
+        calc.update_pod((pod.namespace, pod.name), pod)
+    for obj in ds.list_raw(kinds.NETWORKPOLICY)[0]:
+        policy = parse_policy(obj)
+        calc.update_policy(policy.key, policy)
+    for key in local:
+        namespace, name = key.split("/", 1)
+        calc.update_endpoint(_iface(namespace, name), (namespace, name))
+    return calc.desired()
+
+
+def _sets_match(node_ns: str, expected: DesiredState) -> tuple[bool, int]:
+    """Does the node hold every expected set with exactly its members? (and how many
+    members it holds in those sets)"""
+    text = subprocess.run(
+        ["ip", "netns", "exec", node_ns, "ipset", "save"],
+        capture_output=True, text=True, check=True, timeout=60,
+    ).stdout  # fmt: skip
+    kernel = parse_ipset_save(text, ("cali40",))
+    held = sum(len(kernel[name].members) for name in expected.members if name in kernel)
+    for name, members in expected.members.items():
+        spec = expected.ipsets[name]
+        if name not in kernel or kernel[name].members != normalize_members(spec.set_type, members):
+            return False, held
+    return True, held
+
+
+def bench_rss(work: Path, n_pods: int, n_policies: int) -> float:
+    """Part 5: a real ``tabby-node`` watching a cluster of ``n_pods`` pods (all but a
+    few on other nodes) and ``n_policies`` policies; its RSS in MiB once every set it
+    must hold is in its node's kernel with exactly the expected members."""
+    start = time.monotonic()
+    cluster = LabCluster.up(work / "lab", ClusterSpec(nodes=1))
+    try:
+        pid = _agent_pid(cluster, "node1")
+        idle_kib = _kib(pid, "VmRSS")
+        print(
+            f"lab up in {time.monotonic() - start:.0f} s; agent pid {pid}, "
+            f"RSS {idle_kib / 1024:.0f} MiB"
+        )
+        _load_world(cluster, n_pods, n_policies)
+        rng = random.Random(11)
+        local = []
+        for i in range(RSS_LOCAL_PODS):
+            obj = pod_obj(n_pods + i, rng)
+            meta = obj["metadata"]
+            ports = obj["spec"]["containers"][0]["ports"]
+            cluster.create_pod(meta["namespace"], meta["name"], "node1", meta["labels"], ports)
+            local.append(f"{meta['namespace']}/{meta['name']}")
+        expected = _expected_sets(cluster, local)
+        n_members = sum(len(m) for m in expected.members.values())
+        print(
+            f"  {RSS_LOCAL_PODS} local pods created; the node must hold {len(expected.ipsets)} "
+            f"sets with {n_members} members"
+        )
+        node_ns = cluster.node("node1").netns
+        waited = time.monotonic()
+        while True:
+            ok, held = _sets_match(node_ns, expected)
+            if ok:
+                break
+            if time.monotonic() - waited > PROGRAMMED_TIMEOUT_S:
+                raise RuntimeError(
+                    f"the node's sets did not reach the expected members in "
+                    f"{PROGRAMMED_TIMEOUT_S:.0f} s ({held} of {n_members} held)"
+                )
+            time.sleep(1.0)
+        print(f"  every set programmed {time.monotonic() - waited:.0f} s after the last write")
+        rss_kib, peak_kib = _kib(pid, "VmRSS"), _kib(pid, "VmHWM")
+        print(
+            f"agent RSS with {n_pods + RSS_LOCAL_PODS} pods and {n_policies} policies: "
+            f"{rss_kib / 1024:.0f} MiB (peak {peak_kib / 1024:.0f} MiB; "
+            f"{idle_kib / 1024:.0f} MiB in an empty cluster)"
+        )
+    finally:
+        cluster.down()
+    return rss_kib / 1024
+
+
 def _terminate(signum: int, _frame: FrameType | None) -> None:
     raise SystemExit(128 + signum)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pods", type=int, default=1000, help="local pods on the node")
+    parser.add_argument("--pods", type=int, default=1000, help="pods in the cluster")
+    parser.add_argument("--local-pods", type=int, help="of which on the node (default: all)")
     parser.add_argument("--policies", type=int, default=500)
+    parser.add_argument(
+        "--growth",
+        default="1000,2500,5000,10000",
+        help="cluster sizes (pods) for the growth part, comma-separated",
+    )
+    parser.add_argument("--growth-policies", type=int, default=2000)
+    parser.add_argument("--growth-local", type=int, default=100, help="pods on the node")
+    parser.add_argument("--rss-pods", type=int, default=10000, help="cluster pods (rss part)")
+    parser.add_argument("--rss-policies", type=int, default=2000)
     parser.add_argument("--changes", type=int, default=30, help="incremental changes timed")
     parser.add_argument("--throughput-policies", type=int, default=200)
     parser.add_argument("--iperf-seconds", type=int, default=5)
     parser.add_argument("--iperf-runs", type=int, default=3, help="runs per condition")
     parser.add_argument(
-        "--only", choices=("all", "apply", "throughput"), default="all", help="for development"
+        "--only",
+        choices=("all", "apply", "growth", "rss", "throughput"),
+        default="all",
+        help="for development",
     )
     opts = parser.parse_args()
     if os.geteuid() != 0:
@@ -639,9 +937,20 @@ def main() -> int:
         return 2
     signal.signal(signal.SIGTERM, _terminate)
     started = time.monotonic()
-    p99 = bytes_ratio = throughput = math.nan
+    p99 = bytes_ratio = throughput = cluster_p99 = rss_mib = math.nan
     if opts.only in ("all", "apply"):
-        p99, bytes_ratio = bench_apply(opts.pods, opts.policies, opts.changes)
+        p99, bytes_ratio = bench_apply(opts.pods, opts.policies, opts.changes, opts.local_pods)
+    if opts.only in ("all", "growth"):
+        sizes = [int(n) for n in opts.growth.split(",") if n]
+        print(
+            f"growth: {opts.growth_local} pods on the node, {opts.growth_policies} policies, "
+            f"{opts.changes} changes per cluster size"
+        )
+        rows = bench_growth(sizes, opts.growth_policies, opts.growth_local, opts.changes)
+        cluster_p99 = rows[-1].p99_ms
+    if opts.only in ("all", "rss"):
+        with tempfile.TemporaryDirectory(prefix="tbt-bench-") as work:
+            rss_mib = bench_rss(Path(work), opts.rss_pods, opts.rss_policies)
     if opts.only in ("all", "throughput"):
         with tempfile.TemporaryDirectory(prefix="tbt-bench-") as work:
             throughput = bench_throughput(
@@ -650,7 +959,8 @@ def main() -> int:
     print(f"total {time.monotonic() - started:.0f} s")
     print(
         f"policy apply_p99_ms={p99:.0f} incremental_bytes_ratio={bytes_ratio:.4f}"
-        f" throughput_ratio={throughput:.3f}"
+        f" throughput_ratio={throughput:.3f} cluster_apply_p99_ms={cluster_p99:.0f}"
+        f" agent_rss_mib={rss_mib:.0f}"
     )
     return 0
 

@@ -10,7 +10,7 @@ import pytest
 from datastore import kinds
 from datastore.client import Datastore, RetriesExhausted
 from datastore.errors import AlreadyExists, Conflict, NotFound, Unavailable, error_for
-from datastore.informer import Handlers, Informer
+from datastore.informer import Handlers, Informer, without_managed_fields
 from datastore.memory import MemoryTransport
 from datastore.models import IPAMHandle, IPAMHandleSpec, IPPool, IPPoolSpec, Meta
 
@@ -173,3 +173,26 @@ def test_informer_callback_errors_do_not_stop_it() -> None:
     informer = Informer(ds, kinds.IPPOOL, Handlers(on_add=boom))
     _run(informer, lambda: "x" in informer.snapshot())
     assert "x" in informer.snapshot()
+
+
+def test_informer_transform_shapes_listed_and_watched_objects() -> None:
+    managed = [{"manager": "kubectl", "operation": "Update", "fieldsV1": {"f:spec": {}}}]
+    watched = _obj("x", "5")
+    watched["metadata"]["managedFields"] = managed
+    transport = ScriptedTransport([[{"type": "ADDED", "object": watched}]])
+    ds = Datastore(transport)
+    ds.create_raw(kinds.IPPOOL, {**_obj("a", "1"), "apiVersion": "tabby.dev/v1"})
+    ds.patch_raw(kinds.IPPOOL, "a", {"metadata": {"managedFields": managed}})
+    assert ds.get_raw(kinds.IPPOOL, "a")["metadata"]["managedFields"] == managed
+    seen: list[dict[str, Any]] = []
+    informer = Informer(
+        ds, kinds.IPPOOL, Handlers(on_add=seen.append), transform=without_managed_fields
+    )
+    _run(informer, lambda: "x" in informer.snapshot())
+
+    assert set(informer.snapshot()) == {"a", "x"}
+    for obj in [*informer.snapshot().values(), *seen]:
+        assert "managedFields" not in obj["metadata"]
+        assert obj["spec"] == {"cidr": "10.0.0.0/16"}
+    assert len(seen) == 2
+    assert watched["metadata"]["managedFields"] == managed  # the event itself is not changed
