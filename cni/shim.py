@@ -10,7 +10,7 @@ forwards ``{command, env, args, config}`` as one JSON message to the node agent
 over a root-only unix socket and prints the agent's answer. VERSION is answered
 here, without the agent.
 
-Wire contract with the agent (``felix/cni_server.py``): the shim writes one JSON
+Wire contract with the agent (``felix/cni_server/server.py``): the shim writes one JSON
 object and shuts down its write side; the agent answers one JSON object,
 ``{"result": {...}}`` (printed as is; ``null`` for DEL/CHECK/STATUS/GC) or
 ``{"error": {"code", "msg", "details"}}``, and closes.

@@ -249,7 +249,7 @@ class TimedHandlers(CNIHandlers):
             outcome = "ok"
             return result
         except Exception as exc:
-            namespace, pod = request.args.get("K8S_POD_NAMESPACE"), request.args.get("K8S_POD_NAME")
+            namespace, pod, _ = request.pod
             if request.command == "ADD" and namespace and pod:
                 self.report_failure(namespace, pod, getattr(exc, "msg", str(exc)))
             raise

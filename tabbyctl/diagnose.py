@@ -31,6 +31,7 @@ from typing import Any
 import click
 
 from bgp.speaker import default_status_path
+from cni.vocabulary import ANNOTATION_CONTAINER_ID, ANNOTATION_POD_IP
 from datastore import kinds
 from datastore.client import Datastore
 from datastore.errors import NotFound
@@ -56,8 +57,6 @@ from tabbyctl.output import emit_data, emit_table, fail, output_option
 
 OK, FAIL, SKIP, WARN = "OK", "FAIL", "SKIP", "WARN"
 COLUMNS = ("CHECK", "RESULT", "DETAIL", "FIX TO TRY")
-ANNOTATION_POD_IP = "tabby.dev/podIP"
-ANNOTATION_CONTAINER_ID = "tabby.dev/containerID"
 NODE_ADDRESS_ANNOTATION = "tabby.dev/ipv4-address"
 NETWORK_NAME = "k8s-pod-network"
 POD_GATEWAY = "169.254.1.1"

@@ -11,7 +11,7 @@ import pytest
 
 from cni import shim
 from felix import cni_server, wiring
-from felix.cni_server import AddJournal, CNIHandlers, Endpoint, parse_request
+from felix.cni_server import AddJournal, CNIHandlers, Endpoint, parse_request, recovery
 from felix.events import event_body, sanitize
 from felix.pool_allocator import PoolAllocator
 
@@ -35,7 +35,7 @@ def fake_kernel(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     monkeypatch.setattr(wiring, "unwire", unwire)
     monkeypatch.setattr(wiring, "check", lambda spec, node_netns=None: [])
     monkeypatch.setattr(wiring, "drifted", lambda specs, node_netns=None: {})
-    monkeypatch.setattr(cni_server, "_pod_routes", lambda netns: ({}, set()))
+    monkeypatch.setattr(recovery, "_pod_routes", lambda netns: ({}, set()))
     return unwired
 
 

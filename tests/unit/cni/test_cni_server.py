@@ -17,6 +17,7 @@ import pytest
 from cni import shim
 from felix import cni_server, wiring
 from felix.cni_server import CNIHandlers, CNIServer, Endpoint, PodKey, parse_request
+from felix.cni_server import handlers as cni_handlers
 from felix.pool_allocator import PoolAllocator
 
 NET = "k8s-pod-network"
@@ -270,7 +271,7 @@ def test_gc_releases_unlisted_attachments(handlers: CNIHandlers, kernel: FakeKer
 
 
 def test_keyed_locks_are_dropped_after_use() -> None:
-    locks = cni_server.KeyedLocks()
+    locks = cni_handlers.KeyedLocks()
     with locks.hold("a"), locks.hold("b"):
         assert len(locks._locks) == 2
     assert locks._locks == {}
@@ -431,7 +432,7 @@ def test_a_failed_add_reports_no_steps(kernel: FakeKernel, rec: Recorder) -> Non
 
 def test_phase_clock_gives_each_lap_its_own_time(monkeypatch: pytest.MonkeyPatch) -> None:
     ticks = iter([10.0, 10.25, 11.0])
-    monkeypatch.setattr(cni_server.time, "perf_counter", lambda: next(ticks))
+    monkeypatch.setattr(cni_handlers.time, "perf_counter", lambda: next(ticks))
     clock = cni_server.PhaseClock()
     clock.lap("assign")
     clock.lap("wire")

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from felix import cni_server, teardown, wiring
-from felix.cni_server import AddJournal, CNIHandlers, RecoveryReport
+from felix import teardown, wiring
+from felix.cni_server import AddJournal, CNIHandlers, RecoveryReport, recovery
 from felix.pool_allocator import PoolAllocator
 from tests.unit.cni.test_cni_server import NET, FakeKernel, Recorder, req
 
@@ -127,7 +127,7 @@ def test_recovery_finishes_a_teardown_the_dead_agent_left(
     restarted = CNIHandlers(allocator, journal=journal)
     kernel.release.set()
     report = RecoveryReport()
-    cni_server._undo_pending(restarted, None, report)
+    recovery._undo_pending(restarted, None, report)
     assert report.rolled_back == [f"{NET}.c1"] and report.errors == []
     assert kernel.log == [f"unwire {HOST}"]
     assert allocator.handles() == set()
