@@ -17,6 +17,10 @@ allocation whose handle was never written: release by handle then finds it in th
 node's blocks, and IPAM GC releases it once its pod is gone. An IPAMError leaves
 the datastore as it was.
 
+`auto_assign_each` serves a burst (one address per handle, as the agent's
+:class:`ipam.batch.AssignBatcher` collects them): as many as fit are taken from one
+affine block in one write, their handles written beside it several at once.
+
 With `preclaim_below`, the next block is claimed in the background once this
 node's blocks run low, so that no allocation waits for the six requests of a claim.
 """
@@ -85,6 +89,8 @@ P = ParamSpec("P")
 DEFAULT_MAX_BLOCKS = 20
 AGENT_PRECLAIM_BELOW = 16
 """The node agent claims its next block when fewer free addresses than this remain."""
+IO_THREADS = 8
+"""Writes beside the caller's: a background claim, and the handles of a batch."""
 PRECLAIM_BACKOFF_S = 30.0
 """After a background claim found nothing (pool full, max blocks), wait this long."""
 CAS_RETRIES = 16
@@ -191,7 +197,7 @@ class IPAMAllocator:
     def _background(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> Future[T]:
         with self._lock:
             if self._io is None:
-                self._io = ThreadPoolExecutor(2, thread_name_prefix=f"ipam-{self.node}")
+                self._io = ThreadPoolExecutor(IO_THREADS, thread_name_prefix=f"ipam-{self.node}")
             return self._io.submit(fn, *args, **kwargs)
 
     # -- configuration, read with a TTL so allocations don't re-read it --------------
@@ -286,6 +292,97 @@ class IPAMAllocator:
             raise
         self._maybe_preclaim(usable)
         return got
+
+    @_locked
+    def auto_assign_each(
+        self, requests: Sequence[tuple[str, Mapping[str, str]]]
+    ) -> list[IPv4Address | Exception]:
+        """One address for each (handle_id, attrs): a burst of pods in few block writes.
+
+        As many as fit are taken from one affine block in one write (each handle is
+        still its own object, written beside it, several at once); the rest go
+        through :meth:`auto_assign` one by one (claiming or borrowing as it does).
+        Each request gets its address or its own error: a failed handle write gives
+        back only that request's address.
+        """
+        self._load()
+        usable = select_pools(self._pools, self._labels, None, refused=self._refused)
+        results: dict[int, IPv4Address | Exception] = {}
+        if usable:
+            self._take_preclaim(wait=False)
+            self._fill_from_affine(usable, requests, results)
+        for i, (handle_id, attrs) in enumerate(requests):
+            if i not in results:
+                try:
+                    results[i] = self.auto_assign(handle_id, attrs)[0]
+                except Exception as exc:
+                    results[i] = exc
+        if usable:
+            self._maybe_preclaim(usable)
+        return [results[i] for i in range(len(requests))]
+
+    def _fill_from_affine(
+        self,
+        usable: list[IPPool],
+        requests: Sequence[tuple[str, Mapping[str, str]]],
+        results: dict[int, IPv4Address | Exception],
+    ) -> None:
+        """Serve requests from this node's affine blocks, one block write per block."""
+        assert self._affine is not None
+        for name, model in sorted(self._affine.items()):
+            waiting = [i for i in range(len(requests)) if i not in results]
+            if len(waiting) < 2:  # one alone takes the ordinary path
+                return
+            room = free_count(model.spec)
+            if model.spec.deleted or not room or not _in_pools(model.spec.cidr, usable):
+                continue
+            chunk = waiting[:room]
+            try:
+                got = self._assign_each_from(name, [requests[i] for i in chunk])
+            except (_BlockGone, BlockCorrupt) as exc:
+                log.info("ipam: batch skips block %s: %s", name, exc)
+                continue
+            for i, outcome in zip(chunk, got, strict=True):
+                if outcome is not None:
+                    results[i] = outcome
+
+    def _assign_each_from(
+        self, name: str, requests: Sequence[tuple[str, Mapping[str, str]]]
+    ) -> list[IPv4Address | Exception | None]:
+        """One block write for every request that fits (None: it did not fit)."""
+        cached = self._cached(name)
+        cidr = cached.spec.cidr if cached else _cidr_from_name(name)
+        asks = [(handle_id, {"node": self.node, **attrs}) for handle_id, attrs in requests]
+
+        def take(block: AllocationBlock) -> list[IPv4Address | None]:
+            if block.host != self.node:
+                raise _NotAffine(f"block {name} is no longer affine to {self.node}")
+            return [next(iter(block.auto_assign(1, h, a)), None) for h, a in asks]
+
+        counted = [self._background(self._handle_add, h, cidr, 1) for h, _ in asks]
+        try:
+            got = self._update_block(name, take)
+        except BaseException:
+            for (handle_id, _), future in zip(asks, counted, strict=True):
+                with contextlib.suppress(Exception):
+                    future.result()
+                    self._handle_add(handle_id, cidr, -1)
+            raise
+        outcomes: list[IPv4Address | Exception | None] = []
+        give_back: list[IPv4Address] = []
+        for (handle_id, _), future, address in zip(asks, counted, got, strict=True):
+            try:
+                future.result()
+            except Exception as exc:
+                outcomes.append(exc)
+                if address is not None:
+                    give_back.append(address)
+                continue
+            if address is None:  # the block had less room than its cached copy said
+                self._handle_add(handle_id, cidr, -1)
+            outcomes.append(address)
+        self._give_back(name, give_back)
+        return outcomes
 
     @_locked
     def assign_ip(

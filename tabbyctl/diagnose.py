@@ -39,19 +39,15 @@ from felix.wiring import host_ifname_for
 from ipam.pools import pool_containing
 from ipam.report import Snapshot, find_leaks
 from policy import (
-    IPBlock,
     Namespace,
     NetworkPolicy,
     Pod,
-    PodSelection,
     PolicyError,
-    PortSpec,
-    make_namespace,
     parse_namespace,
     parse_pod,
     parse_policy,
-    policies_for,
 )
+from policy.explain import explain_connection
 from tabbyctl.node import load_status, process_running
 from tabbyctl.output import emit_data, emit_table, fail, output_option
 
@@ -456,62 +452,6 @@ def check_cni_confs(files: Sequence[str] | None, ours: str = TABBY_CONFLIST) -> 
 
 
 # ---------------------------------------------------------------- policy verdict
-@dataclass(frozen=True)
-class Verdict:
-    """One direction's answer and the policy that decided it (None: not isolated)."""
-
-    allowed: bool
-    policy: str | None
-    reason: str
-
-
-def port_matches(spec: PortSpec, protocol: str, port: int, dst: Pod) -> bool:
-    """Protocol equal; then no port, a number, a range, or a name the destination declares."""
-    if spec.protocol != protocol:
-        return False
-    if spec.port is None:
-        return True
-    if isinstance(spec.port, int):
-        return spec.port <= port <= (spec.end_port or spec.port)
-    return dst.named_port(spec.port, protocol) == port
-
-
-def peer_matches(peer: PodSelection | IPBlock, remote: Pod, remote_ns: Namespace) -> bool:
-    """ipBlock by address; selectors by the remote pod and its namespace's labels."""
-    if isinstance(peer, IPBlock):
-        return any(peer.contains(ip) for ip in remote.ips)
-    if remote.host_network:
-        return False
-    return peer.matches(remote, remote_ns.labels)
-
-
-def verdict(
-    subject: Pod,
-    direction: str,
-    remote: Pod,
-    remote_ns: Namespace,
-    dst: Pod,
-    protocol: str,
-    port: int,
-    policies: Sequence[NetworkPolicy],
-) -> Verdict:
-    """Isolated by the compiler's policy selection? Then the first policy with a matching rule."""
-    selecting = policies_for(subject, policies, direction)
-    if not selecting:
-        return Verdict(True, None, f"no policy isolates {subject.key} for {direction}")
-    for policy in selecting:
-        rules = (policy.ingress if direction == "ingress" else policy.egress) or ()
-        for index, rule in enumerate(rules):
-            ports_ok = not rule.ports or any(
-                port_matches(p, protocol, port, dst) for p in rule.ports
-            )
-            peers_ok = not rule.peers or any(peer_matches(p, remote, remote_ns) for p in rule.peers)
-            if ports_ok and peers_ok:
-                return Verdict(True, policy.key, f"{direction}[{index}] of {policy.key} allows")
-    names = ", ".join(p.key for p in selecting)
-    return Verdict(False, selecting[0].key, f"isolated by {names}; no {direction} rule allows")
-
-
 def check_policy(
     src: Pod,
     dst: Pod,
@@ -521,16 +461,10 @@ def check_policy(
     port: int,
 ) -> list[Check]:
     """A connection needs the source's egress and the destination's ingress."""
-    src_ns = namespaces.get(src.namespace, make_namespace(src.namespace))
-    dst_ns = namespaces.get(dst.namespace, make_namespace(dst.namespace))
     target = f"{dst.key}:{port}/{protocol}"
     out = []
-    for direction, subject, remote, remote_ns in (
-        ("egress", src, dst, dst_ns),
-        ("ingress", dst, src, src_ns),
-    ):
-        v = verdict(subject, direction, remote, remote_ns, dst, protocol, port, policies)
-        name = f"policy {direction} ({subject.key})"
+    for v in explain_connection(src, dst, namespaces, policies, protocol, port):
+        name = f"policy {v.direction} ({v.subject})"
         if v.allowed:
             out.append(ok(name, f"{src.key} -> {target} allowed: {v.reason}"))
         else:
@@ -538,7 +472,7 @@ def check_policy(
                 bad(
                     name,
                     f"{src.key} -> {target} denied: {v.reason}",
-                    f"add an {direction} rule to {v.policy} for this peer and port "
+                    f"add an {v.direction} rule to {v.policy} for this peer and port "
                     "(kubectl get networkpolicy -o yaml)",
                 )
             )

@@ -2,8 +2,8 @@
 
 A connection needs the client's egress and the server's ingress; each direction is
 answered with the deciding policy and rule, or the default that applies (no policy
-isolates the pod: allowed). The evaluation is the one `tabbyctl diagnose` uses, over
-the policy compiler's own parsing and policy selection.
+isolates the pod: allowed). The evaluation is :mod:`policy.explain`, the one
+`tabbyctl diagnose` uses, over the policy compiler's own parsing and policy selection.
 """
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ import click
 
 from datastore import kinds
 from datastore.errors import NotFound
-from policy import PolicyError, make_namespace, parse_namespace, parse_pod, parse_policy
-from tabbyctl.diagnose import parse_port, split_key, verdict
+from policy import PolicyError, parse_namespace, parse_pod, parse_policy
+from policy.explain import explain_connection
+from tabbyctl.diagnose import parse_port, split_key
 from tabbyctl.output import emit_data, emit_table, fail, output_option, warn
 
 
@@ -60,18 +61,12 @@ def explain(obj: Any, source: str, target: str, port_text: str, output: str) -> 
             policies.append(parse_policy(raw))
         except PolicyError as err:
             warn(f"skipping invalid policy: {err}")
-    src_ns = namespaces.get(src.namespace, make_namespace(src.namespace))
-    dst_ns = namespaces.get(dst.namespace, make_namespace(dst.namespace))
     rows = []
-    for direction, subject, remote, remote_ns in (
-        ("egress", src, dst, dst_ns),
-        ("ingress", dst, src, src_ns),
-    ):
-        v = verdict(subject, direction, remote, remote_ns, dst, protocol, port, policies)
+    for v in explain_connection(src, dst, namespaces, policies, protocol, port):
         rows.append(
             {
-                "direction": direction,
-                "pod": subject.key,
+                "direction": v.direction,
+                "pod": v.subject,
                 "verdict": "allow" if v.allowed else "deny",
                 "decided_by": v.policy or "default (not isolated)",
                 "reason": v.reason,

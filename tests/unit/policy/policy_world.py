@@ -8,6 +8,7 @@ import hashlib
 from typing import Any
 
 from policy import desired_state, parse_namespace, parse_pod, parse_policy
+from policy.explain import explain_connection
 from tests.unit.policy.oracle import Endpoint, Oracle
 from tests.unit.policy.policy_sim import Packet, Simulator
 
@@ -83,6 +84,9 @@ class World:
         )
         self.sim = Simulator(self.state.chains, self.state.ipsets, self.state.members)
         self.oracle = Oracle(policies, namespaces)
+        self.parsed_pods = {p.key: p for p in parsed_pods}
+        self.parsed_policies = [parse_policy(p) for p in policies]
+        self.parsed_namespaces = {n.name: n for n in map(parse_namespace, namespaces)}
 
     def _endpoint(self, who: str) -> Endpoint:
         """``ns/name`` of a pod, or a bare IP outside the pods."""
@@ -106,9 +110,23 @@ class World:
         """Verdict of the oracle."""
         return self.oracle.allowed(self._endpoint(src), self._endpoint(dst), proto, port)
 
+    def explained(self, src: str, dst: str, proto: str, port: int) -> bool | None:
+        """Verdict of :func:`policy.explain_connection` (what tabbyctl tells a user), for
+        a pair of pods that policy applies to; None for an address outside the pods or
+        a hostNetwork pod (explain takes pods, and policy does not select host pods)."""
+        pods = [self.parsed_pods.get(src), self.parsed_pods.get(dst)]
+        if pods[0] is None or pods[1] is None or any(p.host_network for p in pods):
+            return None
+        verdicts = explain_connection(
+            pods[0], pods[1], self.parsed_namespaces, self.parsed_policies, proto, port
+        )
+        return all(v.allowed for v in verdicts)
+
     def verdict(self, src: str, dst: str, proto: str = "TCP", port: int = 80) -> bool:
-        """Both verdicts, which must agree."""
+        """The verdicts of the chains, the oracle and the explanation, which must agree."""
         sim = self.simulated(src, dst, proto, port)
         exp = self.expected(src, dst, proto, port)
         assert sim == exp, f"{src} -> {dst} {proto}/{port}: simulator {sim}, oracle {exp}"
+        told = self.explained(src, dst, proto, port)
+        assert told in (None, exp), f"{src} -> {dst} {proto}/{port}: explain {told}, oracle {exp}"
         return sim
