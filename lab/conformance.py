@@ -25,6 +25,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import socket
 import statistics
 import subprocess
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO / "build" / "conformance"
 DEFAULT_REPORT = REPO / "docs" / "conformance.md"
+LABS_DIR = Path("/run/tabby-labs")  # default home of the labs; what is in it is ours
 LAB_NODES = 3  # each lab's real nodes (the e2e suite is told the count)
 E2E_FOCUS = "Netpol"
 # The specs that open SCTP sockets (servers and `agnhost connect --protocol=sctp`). Not
@@ -697,7 +699,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--report", type=Path, help="markdown summary (default: "
                         "docs/conformance.md, or docs/conformance-<policy>.md)")  # fmt: skip
     parser.add_argument(
-        "--workdir", type=Path, help="the lab's (default: /run/tabby-labs/conformance-<policy>)"
+        "--workdir",
+        type=Path,
+        help="the lab's (default: /run/tabby-labs/conformance-<policy>); deleted after "
+        "the run unless --keep-lab, if it is the default or the run created it",
     )
     parser.add_argument("--keep-lab", action="store_true", help="leave the lab up afterwards")
     args = parser.parse_args(argv)
@@ -714,7 +719,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.invocation = _invocation(argv if argv is not None else sys.argv[1:])
     # Per policy, so that both can run at once.
     args.out = args.out or DEFAULT_OUT / args.policy
-    args.workdir = args.workdir or Path(f"/run/tabby-labs/conformance-{args.policy}")
+    args.workdir = args.workdir or LABS_DIR / f"conformance-{args.policy}"
     report = args.report or (
         DEFAULT_REPORT if args.policy == "tabby" else DEFAULT_REPORT.with_name(
             f"conformance-{args.policy}.md")
@@ -756,6 +761,7 @@ class _Session:
         """Bring up a fresh 3-node lab of *spec*, run *plan* on it, tear it down."""
         from lab.kubecluster import KubeCluster
 
+        ours = not workdir.exists() or workdir.parent == LABS_DIR  # safe to delete after
         _remove_stale_lab(workdir, self.progress)
         what = f"policy: {spec.policy}" if spec.cni == "tabby" else f"CNI: {PEER_LABEL}"
         self.progress(f"bringing up a 3-node real-node lab in {workdir} ({what})")
@@ -772,6 +778,8 @@ class _Session:
             if not self.args.keep_lab:
                 self.progress("tearing the lab down")
                 cluster.down()
+                if ours:
+                    self.progress(remove_lab_dir(workdir, _read_mountinfo()))
 
 
 def _run(args: argparse.Namespace, report: Path) -> int:
@@ -856,6 +864,38 @@ def _remove_stale_lab(workdir: Path, progress: Progress) -> None:
         progress(f"  (its state was incomplete: {exc})")
     for name in ("cluster.json", "cluster.json.lock"):
         (workdir / name).unlink(missing_ok=True)
+
+
+def _read_mountinfo() -> str:
+    return Path("/proc/self/mountinfo").read_text()
+
+
+def mounts_under(directory: Path, mountinfo: str) -> list[str]:
+    """Mount points at or below ``directory`` (mountinfo's fifth field, octal escapes
+    as the kernel writes them)."""
+    top = str(directory.resolve())
+    found = []
+    for line in mountinfo.splitlines():
+        fields = line.split()
+        if len(fields) < 5:
+            continue
+        point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4])
+        if point == top or point.startswith(top + "/"):
+            found.append(point)
+    return found
+
+
+def remove_lab_dir(workdir: Path, mountinfo: str) -> str:
+    """Delete a torn-down lab's work dir (its node roots and images: about 2.5 GB on
+    /run, which is memory); kept if anything is still mounted below it, because
+    deleting through a bind mount would delete what it shows. Returns what was done."""
+    if not workdir.exists():
+        return f"{workdir} is already gone"
+    mounted = mounts_under(workdir, mountinfo)
+    if mounted:
+        return f"kept {workdir}: still mounted below it: {', '.join(mounted[:3])}"
+    shutil.rmtree(workdir)
+    return f"removed {workdir}"
 
 
 def _invocation(argv: Sequence[str]) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from pathlib import Path
 
 from lab.conformance import (
     PEER_CNI,
@@ -15,9 +16,11 @@ from lab.conformance import (
     compare_pass_lists,
     cyclonus_excludes,
     go_quote_meta,
+    mounts_under,
     parse_cyclonus_junit,
     parse_ginkgo_report,
     policy_changes,
+    remove_lab_dir,
     render_markdown,
     run_succeeded,
     services_suite,
@@ -265,3 +268,33 @@ def test_a_runs_notes_are_printed_under_its_command() -> None:
     text = render_markdown(doc)
     command_at = text.index("`cyclonus generate`")
     assert text.index("- Cases tagged `create-pod` left out: no Service IP") > command_at
+
+
+def _mountinfo(*points: str) -> str:
+    return "".join(
+        f"{30 + i} 1 0:{40 + i} / {point} rw,relatime shared:1 - tmpfs tmpfs rw\n"
+        for i, point in enumerate(points)
+    )
+
+
+def test_mounts_under_finds_a_lab_dirs_mounts_and_nothing_beside_it(tmp_path: Path) -> None:
+    lab = tmp_path / "conformance-tabby"
+    info = _mountinfo(
+        "/", str(lab / "nodes/node1/rootfs"), str(tmp_path / "conformance-tabby-old"),
+        str(lab).replace(" ", "\\040") + "/with\\040space",
+    )  # fmt: skip
+    assert mounts_under(lab, info) == [str(lab / "nodes/node1/rootfs"), f"{lab}/with space"]
+    assert mounts_under(lab, _mountinfo("/", "/run")) == []
+
+
+def test_a_torn_down_lab_dir_is_removed_unless_something_is_still_mounted(
+    tmp_path: Path,
+) -> None:
+    lab = tmp_path / "conformance-tabby"
+    (lab / "nodes" / "node1").mkdir(parents=True)
+    (lab / "nodes" / "node1" / "image.tar").write_bytes(b"x" * 100)
+    kept = remove_lab_dir(lab, _mountinfo("/", str(lab / "nodes" / "node1")))
+    assert kept.startswith(f"kept {lab}") and (lab / "nodes" / "node1" / "image.tar").exists()
+    assert remove_lab_dir(lab, _mountinfo("/")) == f"removed {lab}"
+    assert not lab.exists()
+    assert remove_lab_dir(lab, _mountinfo("/")) == f"{lab} is already gone"
