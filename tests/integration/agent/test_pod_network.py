@@ -48,22 +48,29 @@ def test_add_wires_the_pod_with_an_address_from_the_nodes_block_and_del_releases
 
     # a repeated ADD answers the same; the operator sees the endpoint
     assert agent_node.cni("ADD", "c0ffee01", pod_ns) == (0, result)
-    listing = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "tabbyctl.main",
-            "endpoints",
-            "--run-dir",
-            str(agent_node.run_dir),
-            "-o",
-            "json",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    assert [e["ip"] for e in json.loads(listing)["endpoints"]] == [str(address.ip)]
+
+    def listed() -> list[str]:
+        listing = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "tabbyctl.main",
+                "endpoints",
+                "--run-dir",
+                str(agent_node.run_dir),
+                "-o",
+                "json",
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        return [e["ip"] for e in json.loads(listing)["endpoints"]]
+
+    # status.json is written by the agent's loop right after the ADD's pass, not
+    # inside it (off the ADD's path): wait for it, then hold it to exactly this pod.
+    wait_for(lambda: listed() != [], timeout=10, what="the endpoint in tabbyctl endpoints")
+    assert listed() == [str(address.ip)]
 
     code, body = agent_node.health("/readyz")
     assert code == 200, body
