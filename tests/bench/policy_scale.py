@@ -46,7 +46,9 @@ Standalone, as root: ``.venv/bin/python tests/bench/policy_scale.py``. It measur
    2,000 policies, written through the apiserver, plus 20 pods wired on the node
    by CNI ADD. Once every ipset the node must hold (computed here by
    ``felix.calc`` from what the apiserver lists) is in the node's kernel with
-   exactly the expected members, the agent's VmRSS is read (``agent_rss_mib``).
+   exactly the expected members, the agent's VmRSS is read (``agent_rss_mib``);
+   then the agent is restarted (its first list holds every pod at once), and its
+   RSS and peak are printed again once every set is programmed again.
 
 Everything created (namespaces, the labs, iperf3) is removed at the end, also on
 failure or SIGTERM. The last line printed is exactly (one line)::
@@ -851,6 +853,39 @@ def _sets_match(node_ns: str, expected: DesiredState) -> tuple[bool, int]:
     return True, held
 
 
+def _wait_sets(node_ns: str, expected: DesiredState, n_members: int) -> float:
+    """Seconds until the node holds every expected set with exactly its members."""
+    start = time.monotonic()
+    while True:
+        ok, held = _sets_match(node_ns, expected)
+        if ok:
+            return time.monotonic() - start
+        if time.monotonic() - start > PROGRAMMED_TIMEOUT_S:
+            raise RuntimeError(
+                f"the node's sets did not reach the expected members in "
+                f"{PROGRAMMED_TIMEOUT_S:.0f} s ({held} of {n_members} held)"
+            )
+        time.sleep(1.0)
+
+
+def _restart_agent(cluster: LabCluster, node: str) -> int:
+    """SIGTERM the node's tabby-node, start it again, wait for its CNI socket; its pid."""
+    from lab.process import PidRegistry
+
+    assert cluster.lab is not None
+    proc = next(p for p in cluster.lab.processes if p.name == f"tabby-node-{node}")
+    proc.stop()
+    (cluster.run_dir(node) / "cni.sock").unlink(missing_ok=True)
+    proc.start()
+    PidRegistry(cluster.lab.state_dir / "pids.json").record(proc)
+    deadline = time.monotonic() + PROGRAMMED_TIMEOUT_S
+    while not (cluster.run_dir(node) / "cni.sock").exists():
+        if not proc.alive() or time.monotonic() > deadline:
+            raise RuntimeError(f"tabby-node did not come back:\n{proc.log_tail(30)}")
+        time.sleep(0.1)
+    return _agent_pid(cluster, node)
+
+
 def bench_rss(work: Path, n_pods: int, n_policies: int) -> float:
     """Part 5: a real ``tabby-node`` watching a cluster of ``n_pods`` pods (all but a
     few on other nodes) and ``n_policies`` policies; its RSS in MiB once every set it
@@ -880,23 +915,22 @@ def bench_rss(work: Path, n_pods: int, n_policies: int) -> float:
             f"sets with {n_members} members"
         )
         node_ns = cluster.node("node1").netns
-        waited = time.monotonic()
-        while True:
-            ok, held = _sets_match(node_ns, expected)
-            if ok:
-                break
-            if time.monotonic() - waited > PROGRAMMED_TIMEOUT_S:
-                raise RuntimeError(
-                    f"the node's sets did not reach the expected members in "
-                    f"{PROGRAMMED_TIMEOUT_S:.0f} s ({held} of {n_members} held)"
-                )
-            time.sleep(1.0)
-        print(f"  every set programmed {time.monotonic() - waited:.0f} s after the last write")
+        waited = _wait_sets(node_ns, expected, n_members)
+        print(f"  every set programmed {waited:.0f} s after the last write")
         rss_kib, peak_kib = _kib(pid, "VmRSS"), _kib(pid, "VmHWM")
         print(
             f"agent RSS with {n_pods + RSS_LOCAL_PODS} pods and {n_policies} policies: "
             f"{rss_kib / 1024:.0f} MiB (peak {peak_kib / 1024:.0f} MiB; "
             f"{idle_kib / 1024:.0f} MiB in an empty cluster)"
+        )
+        # A restart lists every pod at once (one response, parsed whole before the
+        # informer slims each pod): the peak a node sees after an upgrade or OOM kill.
+        pid = _restart_agent(cluster, "node1")
+        waited = _wait_sets(node_ns, expected, n_members)
+        print(
+            f"after a restart (every set programmed again {waited:.0f} s after the socket "
+            f"was back): RSS {_kib(pid, 'VmRSS') / 1024:.0f} MiB, "
+            f"peak {_kib(pid, 'VmHWM') / 1024:.0f} MiB"
         )
     finally:
         cluster.down()
