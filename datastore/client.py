@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -23,6 +23,7 @@ R = TypeVar("R", bound=Resource)
 Body = dict[str, Any]
 
 DEFAULT_CAS_RETRIES = 20
+LIST_PAGE_SIZE = 500  # objects per list page (client-go's pager uses 500 too)
 
 
 class RetriesExhausted(Conflict):
@@ -72,6 +73,33 @@ class Datastore:
         body = self.transport.request("GET", kind.collection_path(namespace), query=query)
         items: list[Body] = body.get("items") or []
         return items, str(body.get("metadata", {}).get("resourceVersion", ""))
+
+    def list_pages(
+        self,
+        kind: kinds.ResourceKind,
+        namespace: str | None = None,
+        *,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        page_size: int = LIST_PAGE_SIZE,
+    ) -> Iterator[tuple[list[Body], str]]:
+        """The objects of a kind a page at a time (``limit`` and ``continue``, as
+        client-go's pager), each page with the list's resourceVersion: a reader that
+        keeps only part of each object never holds the whole list at once. All pages
+        come from one snapshot; an expired continue token raises Gone (relist)."""
+        query: Query = {"limit": page_size}
+        if label_selector:
+            query["labelSelector"] = label_selector
+        if field_selector:
+            query["fieldSelector"] = field_selector
+        while True:
+            body = self.transport.request("GET", kind.collection_path(namespace), query=query)
+            meta = body.get("metadata") or {}
+            yield body.get("items") or [], str(meta.get("resourceVersion", ""))
+            token = meta.get("continue")
+            if not token:
+                return
+            query = {**query, "continue": token}
 
     def list_names(self, kind: kinds.ResourceKind) -> list[str]:
         """Names of every object of a kind, from a metadata-only list (cheap at any size)."""

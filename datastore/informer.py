@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from datastore import kinds
-from datastore.client import Datastore
+from datastore.client import LIST_PAGE_SIZE, Datastore
 from datastore.errors import DatastoreError, Gone
 from datastore.transport import Query
 
@@ -97,6 +97,7 @@ class Informer:
         resource_version: str | None = None,
         backoff: Backoff | None = None,
         transform: Callable[[Obj], Obj] | None = None,
+        page_size: int = LIST_PAGE_SIZE,
     ) -> None:
         """``transform`` (client-go's SetTransform) shapes each object before it is
         cached and handed to the handlers: an agent keeps only the fields it reads."""
@@ -110,6 +111,7 @@ class Informer:
         self.resource_version = resource_version or ""
         self.backoff = backoff or Backoff()
         self.transform = transform
+        self.page_size = page_size
         self.cache: dict[str, Obj] = {}
         self.stats = InformerStats()
         self.synced = threading.Event()
@@ -173,16 +175,21 @@ class Informer:
         return query
 
     def _list_and_reconcile(self) -> None:
-        items, version = self.datastore.list_raw(
+        fresh: dict[str, Obj] = {}
+        version = ""
+        pages = self.datastore.list_pages(
             self.kind,
             self.namespace,
             label_selector=self.label_selector,
             field_selector=self.field_selector,
+            page_size=self.page_size,
         )
+        for items, page_version in pages:  # shaped a page at a time, not the whole list
+            version = page_version  # every page carries the snapshot's version
+            for item in items:
+                shaped = self.transform(item) if self.transform is not None else item
+                fresh[object_key(shaped)] = shaped
         self.stats.lists += 1
-        if self.transform is not None:
-            items = [self.transform(item) for item in items]
-        fresh = {object_key(item): item for item in items}
         with self._lock:
             old = self.cache
             self.cache = fresh

@@ -196,3 +196,49 @@ def test_informer_transform_shapes_listed_and_watched_objects() -> None:
         assert obj["spec"] == {"cidr": "10.0.0.0/16"}
     assert len(seen) == 2
     assert watched["metadata"]["managedFields"] == managed  # the event itself is not changed
+
+
+class PagingTransport(ScriptedTransport):
+    """Serves lists a page at a time, as the apiserver does for ``limit``."""
+
+    def __init__(self) -> None:
+        super().__init__([])
+        self.pages_served = 0
+
+    def request(self, method: str, path: str, **kw: Any) -> dict[str, Any]:
+        body = super().request(method, path, **kw)
+        query = kw.get("query") or {}
+        if method != "GET" or "limit" not in query or "items" not in body:
+            return body
+        start = int(query.get("continue") or 0)
+        end = start + int(query["limit"])
+        self.pages_served += 1
+        more = end < len(body["items"])
+        body["items"] = body["items"][start:end]
+        body["metadata"] = {**body.get("metadata", {}), "continue": str(end) if more else ""}
+        return body
+
+
+def test_the_informer_lists_a_page_at_a_time_and_shapes_each_page() -> None:
+    transport = PagingTransport()
+    ds = Datastore(transport)
+    managed = [{"manager": "kubectl"}]
+    for i in range(7):
+        ds.create_raw(kinds.IPPOOL, {**_obj(f"p{i}", "1"), "apiVersion": "tabby.dev/v1"})
+        ds.patch_raw(kinds.IPPOOL, f"p{i}", {"metadata": {"managedFields": managed}})
+    pages = list(ds.list_pages(kinds.IPPOOL, page_size=3))
+    assert [len(items) for items, _ in pages] == [3, 3, 1]
+    seen: list[str] = []
+    informer = Informer(
+        ds,
+        kinds.IPPOOL,
+        Handlers(on_add=lambda o: seen.append(o["metadata"]["name"])),
+        transform=without_managed_fields,
+        page_size=3,
+    )
+    served = transport.pages_served
+    transport.batches = [[]]  # the watch after the list: nothing happens
+    _run(informer, informer.synced.is_set)
+    assert transport.pages_served - served == 3
+    assert sorted(informer.snapshot()) == sorted(seen) == [f"p{i}" for i in range(7)]
+    assert all("managedFields" not in o["metadata"] for o in informer.snapshot().values())
