@@ -868,24 +868,6 @@ def _wait_sets(node_ns: str, expected: DesiredState, n_members: int) -> float:
         time.sleep(1.0)
 
 
-def _restart_agent(cluster: LabCluster, node: str) -> int:
-    """SIGTERM the node's tabby-node, start it again, wait for its CNI socket; its pid."""
-    from lab.process import PidRegistry
-
-    assert cluster.lab is not None
-    proc = next(p for p in cluster.lab.processes if p.name == f"tabby-node-{node}")
-    proc.stop()
-    (cluster.run_dir(node) / "cni.sock").unlink(missing_ok=True)
-    proc.start()
-    PidRegistry(cluster.lab.state_dir / "pids.json").record(proc)
-    deadline = time.monotonic() + PROGRAMMED_TIMEOUT_S
-    while not (cluster.run_dir(node) / "cni.sock").exists():
-        if not proc.alive() or time.monotonic() > deadline:
-            raise RuntimeError(f"tabby-node did not come back:\n{proc.log_tail(30)}")
-        time.sleep(0.1)
-    return _agent_pid(cluster, node)
-
-
 def bench_rss(work: Path, n_pods: int, n_policies: int) -> float:
     """Part 5: a real ``tabby-node`` watching a cluster of ``n_pods`` pods (all but a
     few on other nodes) and ``n_policies`` policies; its RSS in MiB once every set it
@@ -925,7 +907,8 @@ def bench_rss(work: Path, n_pods: int, n_policies: int) -> float:
         )
         # A restart lists every pod at once (one response, parsed whole before the
         # informer slims each pod): the peak a node sees after an upgrade or OOM kill.
-        pid = _restart_agent(cluster, "node1")
+        cluster.restart_agent("node1")
+        pid = _agent_pid(cluster, "node1")
         waited = _wait_sets(node_ns, expected, n_members)
         print(
             f"after a restart (every set programmed again {waited:.0f} s after the socket "

@@ -13,7 +13,6 @@ status (which policy does trust) is kubelet's to write.
 from __future__ import annotations
 
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,6 @@ from datastore.client import Datastore
 from datastore.errors import DatastoreError
 from datastore.transport import HttpTransport
 from lab.cluster import ClusterSpec, LabCluster
-from lab.process import PidRegistry
 from tests.helpers import settles
 from tests.integration.cluster.conftest import cluster_up
 
@@ -158,20 +156,6 @@ def test_forged_pod_addresses_never_open_a_denied_pair(lab: LabCluster) -> None:
         assert not leaked, f"forged addresses in an ipset on {node}: {sorted(leaked)}"
 
 
-def _restart_agent(cluster: LabCluster, node: str) -> None:
-    """Stop the node's tabby-node (SIGTERM) and start it again; wait for its CNI socket."""
-    assert cluster.lab is not None
-    proc = next(p for p in cluster.lab.processes if p.name == f"tabby-node-{node}")
-    proc.stop()
-    (cluster.run_dir(node) / "cni.sock").unlink(missing_ok=True)
-    proc.start()
-    PidRegistry(cluster.lab.state_dir / "pids.json").record(proc)
-    deadline = time.monotonic() + 90
-    while not (cluster.run_dir(node) / "cni.sock").exists():
-        assert proc.alive() and time.monotonic() < deadline, proc.log_tail(30)
-        time.sleep(0.1)
-
-
 def test_after_a_restart_re_adopted_pods_keep_their_own_address_not_their_annotation(
     lab: LabCluster,
 ) -> None:
@@ -189,7 +173,7 @@ def test_after_a_restart_re_adopted_pods_keep_their_own_address_not_their_annota
     forged = {"metadata": {"annotations": {"tabby.dev/podIP": f"{far}/32"}}}
     tenant.patch_raw(kinds.POD, "insider", forged, "x")
 
-    _restart_agent(lab, "node1")
+    lab.restart_agent("node1")
     # db and insider are re-adopted with the addresses Tabby gave them: policy holds
     assert settles(lambda: reach() == expected), reach()
     members = _ipset_members(lab, "node1")
