@@ -11,8 +11,10 @@ outside the timed region; each call is the installed plugin executable run insid
 the node's namespace with the runtime's environment and stdin, one process per call.
 ptp + host-local gets the same calls in the same node, after Tabby.
 
-Three figures per plugin:
+Three figures per plugin, and its start-up alone:
 
+- start-up: ``--serial`` VERSION calls (median), which each plugin answers itself:
+  the floor under any of its ADDs (Tabby's plugin is Python, ptp is Go);
 - serial: ``--serial`` ADDs one after another (median per ADD);
 - burst: ``--burst`` ADDs started at once (wall time until the last answers);
 - burst4: the same ADDs, 4 at a time (wall time).
@@ -141,17 +143,25 @@ def phases(
     settle: Callable[[], None],
     after_serial: Callable[[], None] = lambda: None,
 ) -> dict[str, float]:
-    """serial median (s), burst and burst4 wall times (s); pods deleted after each."""
+    """start-up (a VERSION call) and serial medians (s), burst and burst4 wall times (s);
+    pods deleted after each."""
 
     def delete(count: int) -> None:
         with ThreadPoolExecutor(4) as pool:
             list(pool.map(lambda i: call("DEL", pods[i], i), range(count)))
         settle()
 
+    # The plugin's own start-up, doing no work (VERSION is answered by the plugin
+    # itself): the least any ADD of that plugin can take.
+    startup = statistics.median(call("VERSION", pods[0], 0) for _ in range(serial))
     serial_times = [call("ADD", pods[i], i) for i in range(serial)]
     after_serial()
     delete(serial)
-    out = {"serial": statistics.median(serial_times), "serial_max": max(serial_times)}
+    out = {
+        "startup": startup,
+        "serial": statistics.median(serial_times),
+        "serial_max": max(serial_times),
+    }
     for name, width in (("burst", burst), ("burst4", 4)):
         start = time.perf_counter()
         with ThreadPoolExecutor(width) as pool:
@@ -236,6 +246,11 @@ def main() -> int:
             f"{opts.burst} 4 at a time {figures['burst4']:.2f} s"
         )
     tabby, ptp = results["tabby"], results["ptp"]
+    print(
+        f"plugin start-up (VERSION, no work): tabby {tabby['startup'] * 1000:.1f} ms, "
+        f"ptp {ptp['startup'] * 1000:.1f} ms; a Tabby ADD doing no work at all would be "
+        f"serial_ratio {tabby['startup'] / ptp['serial']:.2f}"
+    )
     ratios = {k: tabby[k] / ptp[k] for k in ("serial", "burst", "burst4")}
     print(
         f"pod_add serial_ratio={ratios['serial']:.2f} burst_ratio={ratios['burst']:.2f} "
