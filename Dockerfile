@@ -43,6 +43,7 @@ COPY pyproject.toml README.md ./
 COPY controllers/ controllers/
 COPY felix/ felix/
 COPY bgp/ bgp/
+COPY kernel/ kernel/
 COPY ipam/ ipam/
 COPY policy/ policy/
 COPY cni/ cni/

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import kernel
 from bgp.routes import PROTO_BGP, FdbEntry, KernelRoute, NeighEntry
 
 log = logging.getLogger(__name__)
@@ -45,14 +46,9 @@ class Netlink(Protocol):
 
 
 def iproute_factory(netns: str | None = None) -> Callable[[], Netlink]:
-    """A factory of IPRoute handles, in a named network namespace or the current one."""
-
-    def make() -> Netlink:
-        from pyroute2 import IPRoute
-
-        return IPRoute(netns=netns) if netns else IPRoute()
-
-    return make
+    """A factory of IPRoute handles, in a named network namespace or the current one
+    (the one netlink seam, :mod:`kernel`: no helper process per handle)."""
+    return kernel.iproute_factory(netns)
 
 
 @dataclass

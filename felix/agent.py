@@ -34,7 +34,6 @@ from pyroute2.netlink.exceptions import NetlinkError
 
 from bgp.annotations import IPIP_TUNNEL_ADDR, IPV4_ADDRESS, VXLAN_TUNNEL_ADDR, VXLAN_TUNNEL_MAC
 from bgp.controller import BGPController, BGPInputs
-from bgp.kernel import iproute_factory
 from bgp.speaker import SpeakerOptions, default_status_path
 from datastore import kinds
 from datastore.client import Datastore
@@ -83,6 +82,7 @@ from ipam.allocator import AGENT_PRECLAIM_BELOW, IPAMAllocator
 from ipam.batch import AssignBatcher
 from ipam.pools import tunnel_handle_id
 from ipam.selector import SelectorError, parse_selector
+from kernel import iproute_factory
 from policy.membership import local_address
 from policy.pod_fields import slim_pod
 

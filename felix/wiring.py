@@ -13,11 +13,11 @@ Layout (Calico's, see research/calico.md §1.4)::
       route_localnet=1 proxy_delay=0            default via 169.254.1.1 dev eth0
     <ip>/32 dev caliX scope link proto 80
 
-All netlink goes through pyroute2 ``IPRoute``. ``node_netns=None`` means the
-namespace this process runs in (the agent runs in the node's namespace); tests
-pass a named namespace instead. Sockets for other namespaces are created by the
-calling thread after ``setns`` into them (and back), so a namespace that does
-not exist is an error and is never created, and no helper process is forked.
+Netlink goes through the one seam, :mod:`kernel`: the fast path for a fresh pod,
+pyroute2 ``IPRoute`` for the convergent path and checks. ``node_netns=None``
+means the namespace this process runs in (the agent runs in the node's
+namespace); tests pass a named namespace instead. A namespace that does not
+exist is :class:`kernel.NetnsMissing` (CNI code 3), never created.
 """
 
 from __future__ import annotations
@@ -28,20 +28,16 @@ import ipaddress
 import logging
 import os
 import socket
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any
 
-from pyroute2 import IPRoute
-from pyroute2 import config as pyroute2_config
 from pyroute2.netlink.exceptions import NetlinkError
-from pyroute2.netns import setns
 
-from felix import netlink
 from felix.constants import HOST_IFACE_PREFIX, HOST_VETH_MAC, POD_GATEWAY, TABBY_POD_ROUTE_PROTO
+from kernel import NetnsMissing, fast_rtnl, in_netns, iproute, netns_path
+from kernel import rtnl as netlink
 
 log = logging.getLogger(__name__)
 
@@ -57,22 +53,10 @@ _HOST_SYSCTLS = {
 }
 # Read back through netlink (IFLA_AF_SPEC/AF_INET) by check().
 _HOST_DEVCONF = {"proxy_arp": 1, "forwarding": 1, "route_localnet": 1}
-_setns_lock = threading.Lock()
-
-# pyroute2's IPRoute(netns=...) (not used here, but elsewhere in the agent)
-# opens its socket in a forked child and stops it with SIGTERM. A child that
-# inherits a Python SIGTERM handler which raises unwinds the *copied* request
-# thread's stack and shuts down sockets it shares with the parent, e.g. a CNI
-# connection (seen in tests). Make such children take SIGTERM's default action.
-pyroute2_config.disable_mp_signal = True
 
 
 class WiringError(Exception):
     """The pod cannot be wired as asked; the message says why in words."""
-
-
-class NetnsMissing(WiringError):
-    """The pod's network namespace does not exist (CNI code 3)."""
 
 
 @dataclass(frozen=True)
@@ -107,81 +91,9 @@ def host_ifname_for_container(container_id: str) -> str:
     return HOST_IFACE_PREFIX + container_id[:11]
 
 
-# --- opening namespaces -------------------------------------------------------
-
-
-def _open(netns: str | None) -> Any:
-    """An IPRoute bound to *netns*; the socket is made by this thread inside it.
-
-    pyroute2's own ``IPRoute(netns=...)`` forks a helper per socket (~35 ms in
-    a large agent); entering the namespace with this thread for one
-    ``socket()`` call costs microseconds. A netlink socket stays bound to the
-    namespace it was created in.
-    """
-    if netns is None:
-        return IPRoute()
-    if not os.path.exists(_netns_path(netns)):
-        raise NetnsMissing(f"network namespace {netns} does not exist")
-    try:
-        with _thread_in_netns(netns):
-            sock = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, socket.NETLINK_ROUTE)
-    except FileNotFoundError:
-        raise NetnsMissing(f"network namespace {netns} does not exist") from None
-    return IPRoute(fileno=sock.detach())
-
-
-@contextmanager
-def _ipr(netns: str | None) -> Iterator[Any]:
-    ipr = _open(netns)
-    try:
-        yield ipr
-    finally:
-        ipr.close()
-
-
-@contextmanager
-def _rtnl(netns: str | None) -> Iterator[netlink.Rtnl]:
-    """A :class:`felix.netlink.Rtnl` socket in *netns* (same rules as :func:`_open`)."""
-    if netns is not None and not os.path.exists(_netns_path(netns)):
-        raise NetnsMissing(f"network namespace {netns} does not exist")
-    try:
-        with _thread_in_netns(netns):
-            rtnl = netlink.Rtnl.open()
-    except FileNotFoundError:
-        raise NetnsMissing(f"network namespace {netns} does not exist") from None
-    with rtnl:
-        yield rtnl
-
-
-def _netns_path(netns: str) -> str:
-    return netns if netns.startswith("/") else f"/var/run/netns/{netns}"
-
-
-@contextmanager
-def _thread_in_netns(netns: str | None) -> Iterator[None]:
-    """Run the block with this thread in *netns* (/proc/sys/net follows the thread)."""
-    if netns is None:
-        yield
-        return
-    with _setns_lock:
-        own = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
-        try:
-            target = os.open(_netns_path(netns), os.O_RDONLY)
-            try:
-                setns(target)
-            finally:
-                os.close(target)
-            try:
-                yield
-            finally:
-                setns(own)  # if this fails the thread is unusable: let it raise
-        finally:
-            os.close(own)
-
-
 def write_host_sysctls(ifname: str, node_netns: str | None = None) -> None:
     """proxy_arp answers the pod's ARP for 169.254.1.1; forwarding lets it route."""
-    with _thread_in_netns(node_netns):
+    with in_netns(node_netns):
         for template, value in _HOST_SYSCTLS.items():
             path = "/proc/sys/net/" + template.format(**{"if": ifname})
             with open(path, "w") as fh:
@@ -273,7 +185,7 @@ def _routes_to(ipr: Any, dst: str, plen: int) -> list[Any]:
 
 
 def _create_veth(node: Any, spec: PodWiring) -> None:
-    fd = os.open(_netns_path(spec.pod_netns), os.O_RDONLY)
+    fd = os.open(netns_path(spec.pod_netns), os.O_RDONLY)
     try:
         node.link(
             "add",
@@ -377,7 +289,7 @@ def wire(spec: PodWiring, node_netns: str | None = None) -> Wired:
         wired = None
     if wired is not None:
         return wired
-    with _ipr(spec.pod_netns) as pod, _ipr(node_netns) as node:
+    with iproute(spec.pod_netns) as pod, iproute(node_netns) as node:
         _ensure_veth(node, pod, spec)
         host_index = _ensure_host_link(node, spec, node_netns)
         pod_mac = _ensure_pod_side(pod, spec)
@@ -393,10 +305,10 @@ def _wire_fresh(spec: PodWiring, node_netns: str | None) -> Wired | None:
     routes go in one batch; the /32 is added exclusively, so an address that is
     already routed elsewhere falls back to the path that explains the conflict.
     """
-    with _rtnl(node_netns) as node, _rtnl(spec.pod_netns) as pod:
+    with fast_rtnl(node_netns) as node, fast_rtnl(spec.pod_netns) as pod:
         if node.link(spec.host_ifname) is not None:
             return None
-        fd = os.open(_netns_path(spec.pod_netns), os.O_RDONLY)
+        fd = os.open(netns_path(spec.pod_netns), os.O_RDONLY)
         try:
             node.request(
                 [netlink.new_veth(spec.host_ifname, HOST_VETH_MAC, spec.mtu, spec.pod_ifname, fd)]
@@ -458,10 +370,10 @@ def unwire(
     (*host_ifname*): after a pod is re-created its new sandbox reuses the name.
     """
     if pod_netns:
-        with suppress(NetnsMissing), _rtnl(pod_netns) as pod:
+        with suppress(NetnsMissing), fast_rtnl(pod_netns) as pod:
             _delete_veth(pod, pod_ifname)
     if host_ifname:
-        with _rtnl(node_netns) as node:
+        with fast_rtnl(node_netns) as node:
             _delete_veth(node, host_ifname)
 
 
@@ -539,12 +451,12 @@ def _check_pod(pod: Any, spec: PodWiring, host: Any | None) -> list[str]:
 
 def check(spec: PodWiring, node_netns: str | None = None) -> list[str]:
     """Every way the kernel differs from *spec*, in words; empty means wired."""
-    with _ipr(node_netns) as node:
+    with iproute(node_netns) as node:
         problems, host = _check_host(node, spec)
         if host is not None:
             problems += _check_host_route(node, spec, host["index"])
     try:
-        with _ipr(spec.pod_netns) as pod:
+        with iproute(spec.pod_netns) as pod:
             problems += _check_pod(pod, spec, host)
     except NetnsMissing:
         problems.append(f"network namespace {spec.pod_netns} does not exist")
@@ -564,7 +476,7 @@ def drifted(specs: list[PodWiring], node_netns: str | None = None) -> dict[str, 
     """
     if not specs:
         return {}
-    with _ipr(node_netns) as node:
+    with iproute(node_netns) as node:
         links = {
             link.get_attr("IFLA_IFNAME"): link
             for link in node.get_links()

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import errno
 import logging
-import os
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -18,6 +17,7 @@ from felix.cni_server.endpoints import AddressAllocator, Endpoint, PodKey
 from felix.cni_server.handlers import CNIHandlers
 from felix.cni_server.journal import PendingAdd, PendingDel
 from felix.constants import HOST_IFACE_PREFIX, TABBY_POD_ROUTE_PROTO
+from kernel import iproute, netns_exists
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ def _pod_routes(node_netns: str | None) -> tuple[dict[str, str], set[str]]:
     wiring installs that route last, so its presence means ``wire`` finished.
     """
     routed: dict[str, str] = {}
-    with wiring._ipr(node_netns) as ipr:
+    with iproute(node_netns) as ipr:
         names = {
             link["index"]: link.get_attr("IFLA_IFNAME")
             for link in ipr.get_links()
@@ -98,7 +98,7 @@ def _undo_pending(handlers: CNIHandlers, node_netns: str | None, report: Recover
 
 
 def _delete_link(node_netns: str | None, ifname: str) -> None:
-    with wiring._ipr(node_netns) as ipr:
+    with iproute(node_netns) as ipr:
         try:
             ipr.link("del", ifname=ifname)
         except NetlinkError as exc:
@@ -112,7 +112,7 @@ OwnerAlive = Callable[[Endpoint], "bool | None"]
 
 
 def _netns_present(netns: str) -> bool:
-    return bool(netns) and os.path.exists(wiring._netns_path(netns))
+    return bool(netns) and netns_exists(netns)
 
 
 def _adopt_recorded(

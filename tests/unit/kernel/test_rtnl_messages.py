@@ -1,4 +1,4 @@
-"""felix.netlink's hand-packed messages, decoded by pyroute2's parsers (an independent reader)."""
+"""kernel.rtnl's hand-packed messages, decoded by pyroute2's parsers (an independent reader)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pyroute2.netlink.rtnl.ifaddrmsg import ifaddrmsg
 from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg
 from pyroute2.netlink.rtnl.rtmsg import rtmsg
 
-from felix import netlink
+from kernel import rtnl as netlink
 
 
 def decode(parser: Any, message: netlink.Message) -> Any:
