@@ -50,6 +50,7 @@ from felix.cni_server import (
     CNIRequest,
     CNIServer,
     Endpoint,
+    Holding,
     PodKey,
     recover_after_restart,
 )
@@ -77,7 +78,6 @@ from felix.tunnels import (
     needed_tunnels,
     vxlan_mac,
 )
-from felix.wiring import host_ifname_for
 from ipam.allocator import AGENT_PRECLAIM_BELOW, IPAMAllocator
 from ipam.batch import AssignBatcher
 from ipam.pools import tunnel_handle_id
@@ -200,10 +200,12 @@ class IPAMAddresses:
             self._known.add(handle_id)
         return address
 
-    def lookup(self, handle_id: str) -> IPv4Address | None:
-        """The handle's address, without allocating (for recovery after a restart)."""
-        addresses = self.allocator.addresses_of(handle_id)
-        return addresses[0] if addresses else None
+    def allocations(self) -> dict[str, Holding]:
+        """This node's handles with their first address and its attributes (one list)."""
+        held = {h: Holding(*found[0]) for h, found in self.allocator.node_allocations().items()}
+        with self._lock:
+            self._known = set(held)
+        return held
 
     def release(self, handle_id: str) -> None:
         self.allocator.release_by_handle(handle_id)
@@ -290,7 +292,6 @@ class Agent:
         # informers note what changed from their first event on; the pass reads it
         self.policy_sync_changes = ChangedKeys()
         self._node_missing = False  # our Node object was absent on the last pass
-        self.recovered: dict[str, tuple[str, str, str]] = {}
         self.allocator: IPAMAllocator | None = None
         self._vxlan_address: IPv4Address | None = None
         self._ipip_address: IPv4Address | None = None
@@ -351,10 +352,9 @@ class Agent:
             journal=AddJournal(self.config.run_dir / "cni-inflight"),
         )
         # Before any pass or CNI call: undo what a killed agent left half done, then
-        # re-adopt the pods that are fully wired so their policy is programmed again.
+        # re-adopt the pods that are fully wired (into the one endpoint table) so their
+        # policy is programmed again.
         recover_after_restart(self.handlers, owner_alive=self._pod_alive)
-        if self.policy is not None:
-            self._recover_endpoints()
         self.loop.start()
         self._sync({"startup"})
         self.readiness.set("dataplane", True)
@@ -460,7 +460,6 @@ class Agent:
             self._best_effort(lambda: bgp.block_claimed(block), "bgp")
 
     def _endpoint_removed(self, endpoint: Endpoint) -> None:
-        self.recovered.pop(endpoint.host_ifname, None)
         self.loop.request(f"endpoint-removed:{endpoint.host_ifname}")
 
     # -- the dataplane pass -------------------------------------------------------------
@@ -604,11 +603,8 @@ class Agent:
 
     def _local_endpoints(self) -> dict[str, WiredEndpoint]:
         """host interface -> the pod wired behind it and its address, for every pod here
-        (re-adopted after a restart, or wired by an ADD, which names the Pod's UID)."""
-        local = {
-            iface: WiredEndpoint(namespace, pod, local_address(address))
-            for iface, (namespace, pod, address) in self.recovered.items()
-        }
+        (wired by an ADD, which names the Pod's UID, or re-adopted after a restart)."""
+        local: dict[str, WiredEndpoint] = {}
         if self.handlers is not None:
             for ep in self.handlers.endpoints.all():
                 if ep.namespace and ep.pod:
@@ -639,34 +635,6 @@ class Agent:
             if meta.get("namespace") == endpoint.namespace and meta.get("name") == endpoint.pod:
                 return endpoint.pod_uid in (None, meta.get("uid"))
         return False
-
-    def _recover_endpoints(self) -> None:
-        """After a restart: re-adopt this node's wired pods from their veths and IPAM,
-        so their policy is programmed again instead of falling to the fail-closed default.
-
-        A pod's address is what IPAM holds for it on this node (read fresh: recovery
-        has just released every address no veth routes), never its podIP annotation,
-        which anyone who may patch the Pod can rewrite.
-        """
-        candidates: dict[str, list[tuple[str, str, str, str]]] = {}
-        blocks, _ = self.datastore.list_raw(kinds.IPAMBLOCK)
-        for ip, owner in (e for raw in blocks for e in self.ipam_owners.read(raw)):
-            if owner.node == self.config.node_name:
-                iface = host_ifname_for(owner.namespace, owner.pod)
-                entry = (owner.namespace, owner.pod, str(ip), owner.ifname)
-                candidates.setdefault(iface, []).append(entry)
-        for iface, entries in candidates.items():
-            if not Path(f"/sys/class/net/{iface}").exists():
-                continue
-            primary = [e for e in entries if e[3] in ("", "eth0")] if len(entries) > 1 else entries
-            if len(primary) != 1:
-                log.warning(
-                    "%s: IPAM holds %d addresses for its pod; not re-adopted", iface, len(entries)
-                )
-                continue
-            namespace, pod, address, _ = primary[0]
-            self.recovered[iface] = (namespace, pod, address)
-        log.info("re-adopted %d wired pods", len(self.recovered))
 
     def _sync_bgp(self, resync: bool) -> None:
         assert self.bgp is not None

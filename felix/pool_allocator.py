@@ -11,6 +11,8 @@ import ipaddress
 import threading
 from collections.abc import Mapping
 
+from felix.cni_server.endpoints import Holding
+
 
 class PoolExhausted(Exception):
     """No free address is left in the pool."""
@@ -39,10 +41,13 @@ class PoolAllocator:
             self._attrs[handle_id] = dict(attrs)
             return address
 
-    def lookup(self, handle_id: str) -> ipaddress.IPv4Address | None:
-        """The address a handle holds, if any."""
+    def allocations(self) -> dict[str, Holding]:
+        """Every handle with its address and the attributes it was assigned with."""
         with self._lock:
-            return self._by_handle.get(handle_id)
+            return {
+                h: Holding(address, dict(self._attrs.get(h, {})))
+                for h, address in self._by_handle.items()
+            }
 
     def release(self, handle_id: str) -> None:
         """Free the handle's address; an unknown handle is fine (DEL repeats)."""

@@ -297,6 +297,22 @@ def wire(spec: PodWiring, node_netns: str | None = None) -> Wired:
     return Wired(spec.host_ifname, HOST_VETH_MAC, spec.pod_ifname, pod_mac)
 
 
+def wire_host_side(spec: PodWiring, node_netns: str | None = None) -> None:
+    """Put back the node's half of an existing veth (MAC, MTU, sysctls, up, the /32).
+
+    For a pod whose sandbox namespace the agent does not know (re-adopted from its
+    route after the agent lost its journal): the pod's side cannot be reached, and a
+    veth that is gone cannot be made again without it (:class:`WiringError`).
+    """
+    with iproute(node_netns) as node:
+        if _link(node, spec.host_ifname) is None:
+            raise WiringError(
+                f"host veth {spec.host_ifname} is gone and its pod's namespace is unknown"
+            )
+        host_index = _ensure_host_link(node, spec, node_netns)
+        _ensure_host_route(node, spec, host_index)
+
+
 def _wire_fresh(spec: PodWiring, node_netns: str | None) -> Wired | None:
     """Wire a pod whose veth does not exist yet in 5 netlink round trips; None: converge.
 

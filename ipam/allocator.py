@@ -533,17 +533,22 @@ class IPAMAllocator:
                 out += [a.ip for a in block.iter_allocations() if a.handle_id == handle_id]
         return out
 
-    @_locked
     def node_handles(self) -> set[str]:
         """Handle ids holding addresses allocated by this node (its own or borrowed).
 
         For CNI GC: a node may only collect its own pods' handles, never the cluster's.
         """
-        out: set[str] = set()
+        return set(self.node_allocations())
+
+    @_locked
+    def node_allocations(self) -> dict[str, list[tuple[IPv4Address, dict[str, str]]]]:
+        """This node's handles, each with its addresses and their attributes, from one
+        list of the blocks (recovery after a restart names pods from these)."""
+        out: dict[str, list[tuple[IPv4Address, dict[str, str]]]] = {}
         for model in self.ds.list(IPAMBlock):
             for alloc in AllocationBlock.from_spec(model.spec).iter_allocations():
                 if alloc.handle_id and alloc.attrs.get("node") == self.node:
-                    out.add(alloc.handle_id)
+                    out.setdefault(alloc.handle_id, []).append((alloc.ip, dict(alloc.attrs)))
         return out
 
     @_locked

@@ -39,11 +39,14 @@ def netns_exists(netns: str) -> bool:
 def in_netns(netns: str | None) -> Iterator[None]:
     """Run the block with this thread in *netns* (``None``: where it already is).
 
-    Raises :class:`NetnsMissing` when the namespace's file is not there.
+    Raises :class:`NetnsMissing` when the namespace's file is not there (or the
+    name is empty).
     """
     if netns is None:
         yield
         return
+    if not netns:
+        raise NetnsMissing("no network namespace named (an empty name)")
     with _setns_lock:
         own = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
         try:

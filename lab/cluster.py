@@ -184,13 +184,15 @@ class LabCluster(PodLab[PodInfo]):
                 raise RuntimeError(f"tabby-node on {node.name} did not start:\n{proc.log_tail(30)}")
             time.sleep(0.1)
 
-    def restart_agent(self, name: str) -> int:
-        """Stop the node's tabby-node (SIGTERM), start it again, wait for its CNI socket;
-        returns the new agent's pid."""
+    def restart_agent(self, name: str, while_down: Callable[[], None] | None = None) -> int:
+        """Stop the node's tabby-node (SIGTERM), run *while_down* (a fault to inject while
+        it is stopped), start it again, wait for its CNI socket; returns the new pid."""
         assert self.lab is not None
         proc = next(p for p in self.lab.processes if p.name == f"tabby-node-{name}")
         proc.stop()
         (self.run_dir(name) / "cni.sock").unlink(missing_ok=True)
+        if while_down is not None:
+            while_down()
         proc.start()
         PidRegistry(self.lab.state_dir / "pids.json").record(proc)
         self._wait_agent(self.node(name))

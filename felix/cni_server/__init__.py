@@ -67,7 +67,13 @@ from cni.vocabulary import (
     handle_id,
     pod_of,
 )
-from felix.cni_server.endpoints import AddressAllocator, Endpoint, EndpointTable, PodKey
+from felix.cni_server.endpoints import (
+    AddressAllocator,
+    Endpoint,
+    EndpointTable,
+    Holding,
+    PodKey,
+)
 from felix.cni_server.handlers import CNIHandlers, PhaseClock
 from felix.cni_server.journal import AddJournal, PendingAdd, PendingDel
 from felix.cni_server.recovery import RecoveryReport, recover_after_restart
@@ -84,6 +90,7 @@ __all__ = [
     "CNIServer",
     "Endpoint",
     "EndpointTable",
+    "Holding",
     "PendingAdd",
     "PendingDel",
     "PhaseClock",

@@ -7,9 +7,17 @@ import ipaddress
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from cni.vocabulary import handle_id
+
+
+class Holding(NamedTuple):
+    """An address one of this node's handles holds, and what its block records about it
+    (``ifname``, ``namespace``, ``pod``: how recovery names a pod it has no record of)."""
+
+    address: ipaddress.IPv4Address
+    attrs: Mapping[str, str]
 
 
 class AddressAllocator(Protocol):
@@ -20,6 +28,8 @@ class AddressAllocator(Protocol):
     the same result). ``handles`` must return only the handles of pods on
     **this node**: GC releases every listed handle the runtime does not name,
     so another node's handles here would free its live pods' addresses.
+    ``allocations`` is the same set of handles, each with its (first) address and
+    attributes, read at once (recovery after a restart).
     ``ready`` says whether a pool can serve this node (STATUS, ADD gate).
     """
 
@@ -28,6 +38,8 @@ class AddressAllocator(Protocol):
     def release(self, handle_id: str) -> None: ...
 
     def handles(self) -> set[str]: ...
+
+    def allocations(self) -> dict[str, Holding]: ...
 
     def ready(self) -> bool: ...
 

@@ -496,7 +496,8 @@ class CNIHandlers:
 
         The desired state is the endpoint table (what ADD wired and DEL has not
         removed): a deleted pod /32 route, a reset ``proxy_arp`` or a downed veth
-        is re-applied by the convergent :func:`felix.wiring.wire`. Each repair
+        is re-applied by the convergent :func:`felix.wiring.wire` (only the node's
+        side for a pod whose sandbox is not known to the agent). Each repair
         holds its container's lock, and skips an endpoint that a DEL or a newer
         sandbox took over meanwhile. Must not be called while holding a lock an
         ADD waits for (the agent calls it outside its dataplane pass).
@@ -519,7 +520,10 @@ class CNIHandlers:
                 if not self.endpoints.owns_host(ep):
                     continue
                 try:
-                    wiring.wire(specs[ep.host_ifname], self.node_netns)
+                    if ep.netns:
+                        wiring.wire(specs[ep.host_ifname], self.node_netns)
+                    else:  # re-adopted from its route: the sandbox is not known
+                        wiring.wire_host_side(specs[ep.host_ifname], self.node_netns)
                 except Exception as exc:
                     log.warning("resync: could not repair %s: %s", ep.host_ifname, exc)
                     continue

@@ -13,7 +13,7 @@ from pyroute2.netlink.exceptions import NetlinkError
 
 from cni.vocabulary import ANNOTATION_POD_IP
 from felix import wiring
-from felix.cni_server.endpoints import AddressAllocator, Endpoint, PodKey
+from felix.cni_server.endpoints import Endpoint, Holding, PodKey
 from felix.cni_server.handlers import CNIHandlers
 from felix.cni_server.journal import PendingAdd, PendingDel
 from felix.constants import HOST_IFACE_PREFIX, TABBY_POD_ROUTE_PROTO
@@ -31,41 +31,53 @@ class RecoveryReport:
     kept: list[str] = field(default_factory=list)  # handles of wired pods
     removed_links: list[str] = field(default_factory=list)  # orphan cali veths
     adopted: list[str] = field(default_factory=list)  # recorded endpoints re-adopted
+    adopted_unrecorded: list[str] = field(default_factory=list)  # from their routes
     repaired: list[str] = field(default_factory=list)  # host veths whose wiring drifted
     errors: list[str] = field(default_factory=list)
 
 
-def _pod_routes(node_netns: str | None) -> tuple[dict[str, str], set[str]]:
-    """(address -> cali veth it is routed through, every cali veth) in the node.
+def _pod_routes(node_netns: str | None) -> tuple[dict[str, str], dict[str, int]]:
+    """(address -> cali veth it is routed through, every cali veth -> its MTU) in the node.
 
     Only Tabby's own routes count (protocol 80, /32, out of a ``cali`` veth):
     wiring installs that route last, so its presence means ``wire`` finished.
     """
     routed: dict[str, str] = {}
     with iproute(node_netns) as ipr:
-        names = {
-            link["index"]: link.get_attr("IFLA_IFNAME")
+        links = {
+            link["index"]: (link.get_attr("IFLA_IFNAME"), int(link.get_attr("IFLA_MTU") or 0))
             for link in ipr.get_links()
             if (link.get_attr("IFLA_IFNAME") or "").startswith(HOST_IFACE_PREFIX)
             and wiring._kind(link) == "veth"
         }
         for route in ipr.get_routes(family=socket.AF_INET, table=wiring.MAIN_TABLE):
             oif = route.get_attr("RTA_OIF")
-            if route["proto"] == TABBY_POD_ROUTE_PROTO and route["dst_len"] == 32 and oif in names:
-                routed[str(route.get_attr("RTA_DST"))] = names[oif]
-    return routed, set(names.values())
+            if route["proto"] == TABBY_POD_ROUTE_PROTO and route["dst_len"] == 32 and oif in links:
+                routed[str(route.get_attr("RTA_DST"))] = links[oif][0]
+    return routed, dict(links.values())
 
 
-def _address_of(allocator: AddressAllocator, handle_id: str) -> str | None:
-    """The address a handle holds: ``lookup`` where the allocator has one, else the
-    idempotent ``assign`` (the protocol's contract: an existing handle gets its
-    address back; a handle emptied meanwhile gets a fresh one, which the caller
-    then releases because nothing routes it)."""
-    lookup = getattr(allocator, "lookup", None)
-    if callable(lookup):
-        found = lookup(handle_id)
-        return str(found) if found is not None else None
-    return str(allocator.assign(handle_id, {}))
+def unrecorded_endpoint(handle_id: str, held: Holding, host: str, mtu: int) -> Endpoint:
+    """The endpoint of a wired pod the journal has no record of (the agent lost its run
+    dir, or wired it before records existed), from its IPAM handle and its route.
+
+    The handle is ``<network>.<containerID>`` (split at the first dot: container IDs
+    are hex). Its sandbox's namespace is not known (``netns`` empty): DEL and GC
+    remove its host veth, and resync repairs only the node's side
+    (:func:`felix.wiring.wire_host_side`).
+    """
+    network, _, container_id = handle_id.partition(".")
+    return Endpoint(
+        network=network,
+        container_id=container_id,
+        ifname=held.attrs.get("ifname") or "eth0",
+        netns="",
+        host_ifname=host,
+        address=held.address,
+        mtu=mtu,
+        namespace=held.attrs.get("namespace") or None,
+        pod=held.attrs.get("pod") or None,
+    )
 
 
 def _undo_pending(handlers: CNIHandlers, node_netns: str | None, report: RecoveryReport) -> None:
@@ -159,6 +171,44 @@ def _adopt_recorded(
     return {ep.handle_id for ep in kept}, kept_links
 
 
+def _adopt_routed(
+    handlers: CNIHandlers,
+    kept_handles: set[str],
+    routed: dict[str, str],
+    links: dict[str, int],
+    owners: set[str],
+    report: RecoveryReport,
+) -> None:
+    """Handles of this node with no record: kept and put in the endpoint table when
+    their address is routed through a ``cali`` veth (the pod is wired), else released.
+    Adds the veths kept to *owners*."""
+    released = set(report.released)
+    try:
+        held = handlers.allocator.allocations()
+    except Exception as exc:
+        report.errors.append(f"allocations: {exc}")
+        return
+    for handle_id, holding in sorted(held.items()):
+        if handle_id in kept_handles:
+            report.kept.append(handle_id)
+            continue
+        if handle_id in released:
+            continue
+        host = routed.get(str(holding.address))
+        if host is None:
+            try:
+                handlers.allocator.release(handle_id)
+                report.released.append(handle_id)
+            except Exception as exc:
+                report.errors.append(f"handle {handle_id}: {exc}")
+            continue
+        owners.add(host)
+        report.kept.append(handle_id)
+        if handlers.endpoints.owner_of(host) is None:
+            handlers.endpoints.add(unrecorded_endpoint(handle_id, holding, host, links[host]))
+            report.adopted_unrecorded.append(handle_id)
+
+
 def recover_after_restart(
     handlers: CNIHandlers,
     node_netns: str | None = None,
@@ -171,9 +221,11 @@ def recover_after_restart(
        owner: kept and put back in the endpoint table (so CHECK, DEL and resync
        know it) while its sandbox netns exists and its Pod is not gone
        (*owner_alive*); otherwise its veth and address are freed as a DEL would.
-    3. Handles of **this node** with no record (wired by an agent before records
-       existed) are kept when their address is routed through a ``cali`` veth,
-       else released.
+    3. Handles of **this node** with no record (the journal was lost, or the pod
+       was wired before records existed) are kept when their address is routed
+       through a ``cali`` veth, and their pod goes into the endpoint table
+       (:func:`unrecorded_endpoint`: its policy is programmed again, DEL and GC
+       find it); a handle with no routed address is released.
     4. Every ``cali`` veth no kept attachment owns is deleted.
     5. Kept attachments whose route, sysctls or veth drifted are repaired.
 
@@ -189,24 +241,8 @@ def recover_after_restart(
     if handlers.journal is not None:
         kept_handles, owners = _adopt_recorded(handlers, netns, owner_alive, report)
     routed, links = _pod_routes(netns)
-    released = set(report.released)
-    for handle_id in sorted(handlers.allocator.handles()):
-        if handle_id in kept_handles:
-            report.kept.append(handle_id)
-            continue
-        if handle_id in released:
-            continue
-        try:
-            address = _address_of(handlers.allocator, handle_id)
-            if address is not None and address in routed:
-                owners.add(routed[address])
-                report.kept.append(handle_id)
-                continue
-            handlers.allocator.release(handle_id)
-            report.released.append(handle_id)
-        except Exception as exc:
-            report.errors.append(f"handle {handle_id}: {exc}")
-    for ifname in sorted(links - owners):
+    _adopt_routed(handlers, kept_handles, routed, links, owners, report)
+    for ifname in sorted(links.keys() - owners):
         try:
             _delete_link(netns, ifname)
             report.removed_links.append(ifname)
@@ -217,10 +253,12 @@ def recover_after_restart(
     except Exception as exc:
         report.errors.append(f"repair: {exc}")
     log.info(
-        "recovery after restart: %d ADDs rolled back, %d endpoints re-adopted, "
+        "recovery after restart: %d ADDs rolled back, %d endpoints re-adopted "
+        "(%d of them from their routes, with no record), "
         "%d handles released, %d kept, %d orphan veths removed, %d repaired, %d errors",
         len(report.rolled_back),
-        len(report.adopted),
+        len(report.adopted) + len(report.adopted_unrecorded),
+        len(report.adopted_unrecorded),
         len(report.released),
         len(report.kept),
         len(report.removed_links),

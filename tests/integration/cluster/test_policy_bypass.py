@@ -12,6 +12,7 @@ status (which policy does trust) is kubelet's to write.
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -175,6 +176,15 @@ def test_after_a_restart_re_adopted_pods_keep_their_own_address_not_their_annota
 
     lab.restart_agent("node1")
     # db and insider are re-adopted with the addresses Tabby gave them: policy holds
+    assert settles(lambda: reach() == expected), reach()
+    members = _ipset_members(lab, "node1")
+    assert lab.pods["x/insider"].ip in members and far not in members, members
+
+    # The agent comes back without its journal (the records of every pod it wired): it
+    # re-adopts db and insider from their routes and IPAM alone, so policy still holds.
+    journal = lab.run_dir("node1") / "cni-inflight"
+    assert any(journal.glob("*.ep")), "the agent keeps a record per wired pod"
+    lab.restart_agent("node1", while_down=lambda: shutil.rmtree(journal))
     assert settles(lambda: reach() == expected), reach()
     members = _ipset_members(lab, "node1")
     assert lab.pods["x/insider"].ip in members and far not in members, members

@@ -35,7 +35,7 @@ def fake_kernel(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     monkeypatch.setattr(wiring, "unwire", unwire)
     monkeypatch.setattr(wiring, "check", lambda spec, node_netns=None: [])
     monkeypatch.setattr(wiring, "drifted", lambda specs, node_netns=None: {})
-    monkeypatch.setattr(recovery, "_pod_routes", lambda netns: ({}, set()))
+    monkeypatch.setattr(recovery, "_pod_routes", lambda netns: ({}, {}))
     return unwired
 
 
@@ -91,6 +91,47 @@ def test_recovery_frees_an_endpoint_whose_pod_is_gone(
     assert report.released == [f"{NET}.c1"] and report.adopted == []
     assert f"{NET}.c1" not in allocator.handles()
     assert AddJournal(tmp_path).endpoints() == []
+
+
+def test_a_lost_journal_re_adopts_routed_pods_into_the_one_endpoint_table(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fake_kernel: list[str]
+) -> None:
+    """The agent restarts without its run dir: a pod whose address is routed through a
+    cali veth is kept, named from its IPAM attributes, and listed like any endpoint
+    (policy, DEL and GC find it); an address nothing routes is released."""
+    allocator = PoolAllocator("10.65.0.0/24")
+    h = handlers_with(AddJournal(tmp_path / "old"), allocator)
+    h.handle(req())
+    h.handle(req(cid="c2"))
+    wired = h.endpoints.get("c1", "eth0")
+    assert wired is not None
+    routes = {str(wired.address): wired.host_ifname}
+    monkeypatch.setattr(recovery, "_pod_routes", lambda netns: (routes, {wired.host_ifname: 1410}))
+    repaired_host_side: list[str] = []
+    monkeypatch.setattr(
+        wiring,
+        "wire_host_side",
+        lambda spec, node_netns=None: repaired_host_side.append(spec.host_ifname),
+    )
+    monkeypatch.setattr(
+        wiring, "drifted", lambda specs, node_netns=None: {s.host_ifname: ["route"] for s in specs}
+    )
+
+    restarted = handlers_with(AddJournal(tmp_path / "lost"), allocator)
+    report = cni_server.recover_after_restart(restarted)
+
+    assert report.adopted_unrecorded == [f"{NET}.c1"]
+    assert report.released == [f"{NET}.c2"] and f"{NET}.c2" not in allocator.handles()
+    (ep,) = restarted.endpoints.all()
+    assert (ep.network, ep.container_id, ep.ifname) == (NET, "c1", "eth0")
+    assert (ep.namespace, ep.pod, ep.host_ifname) == ("default", "web", wired.host_ifname)
+    assert (ep.address, ep.mtu, ep.netns) == (wired.address, 1410, "")
+    # resync repairs only the node's side: the sandbox's namespace is not known
+    assert repaired_host_side == [wired.host_ifname]
+    restarted.handle(req("DEL"))
+    assert restarted.teardowns.drain()
+    assert restarted.endpoints.all() == []
+    assert wired.host_ifname in fake_kernel and f"{NET}.c1" not in allocator.handles()
 
 
 def test_endpoint_records_round_trip_and_drop(tmp_path: Path) -> None:
