@@ -2,7 +2,9 @@
 
 It wires the parts together and owns nothing else:
 
-    informers (datastore) --changes--> ReconcileLoop --sync--> dataplane components
+    informers (datastore) --changes--> ReconcileLoop --pass--> dataplane managers
+        (felix.managers, in this order: endpoints, policy, tunnels, BGP; each
+        on_update / apply / resync, the full resync on the loop's timer)
     CNI server (unix socket) --ADD/DEL--> IPAM + pod wiring --> endpoint hook
     HealthServer: /healthz, /readyz (datastore synced, dataplane programmed), /metrics
 
@@ -30,17 +32,16 @@ from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from pyroute2.netlink.exceptions import NetlinkError
 
-from bgp.annotations import IPIP_TUNNEL_ADDR, IPV4_ADDRESS, VXLAN_TUNNEL_ADDR, VXLAN_TUNNEL_MAC
-from bgp.controller import BGPController, BGPInputs
+from bgp.annotations import IPV4_ADDRESS
+from bgp.controller import BGPController
 from bgp.speaker import SpeakerOptions, default_status_path
 from datastore import kinds
 from datastore.client import Datastore
 from datastore.errors import DatastoreError, NotConfigured, NotFound
 from datastore.incluster import choose_kubeconfig
 from datastore.informer import Handlers, Informer, object_key, without_managed_fields
-from datastore.models import BGPConfiguration, BGPPeer, BlockAffinity, IPAMBlock, IPPool
+from datastore.models import IPPool
 from felix import logs
 from felix.cni_server import (
     ANNOTATION_CONTAINER_ID,
@@ -58,8 +59,18 @@ from felix.dataplane.runner import SubprocessRunner
 from felix.events import post_pod_event
 from felix.health import HealthServer, Readiness
 from felix.loop import ReconcileLoop, backoff_s
+from felix.managers import (
+    BGPManager,
+    DataplaneManager,
+    EndpointWiring,
+    PolicyManager,
+    PolicySources,
+    TunnelManager,
+    drive,
+)
+from felix.managers.tunnels import TunnelNode
 from felix.nat_outgoing import PoolNat
-from felix.pod_members import IPAMOwners, holds_address
+from felix.pod_members import IPAMOwners
 from felix.policy_dataplane import (
     DEFAULT_ENDPOINT_TO_HOST_ACTION,
     DEFAULT_FILTER_ALLOW_ACTION,
@@ -68,19 +79,10 @@ from felix.policy_dataplane import (
     parse_filter_allow_action,
 )
 from felix.policy_sync import ChangedKeys, PolicySync, WiredEndpoint
+from felix.reasons import ENDPOINT_ADDED, ENDPOINT_REMOVED, PERIODIC_RESYNC, STATUS_STALE
 from felix.shared_pass import SharedPass
-from felix.tunnels import (
-    IPIP_OVERHEAD,
-    VXLAN_OVERHEAD,
-    VxlanSpec,
-    ensure_ipip,
-    ensure_vxlan,
-    needed_tunnels,
-    vxlan_mac,
-)
 from ipam.allocator import AGENT_PRECLAIM_BELOW, IPAMAllocator
 from ipam.batch import AssignBatcher
-from ipam.pools import tunnel_handle_id
 from ipam.selector import SelectorError, parse_selector
 from kernel import iproute_factory
 from policy.membership import local_address
@@ -89,12 +91,6 @@ from policy.pod_fields import slim_pod
 log = logging.getLogger(__name__)
 
 SYNC_TIMEOUT_S = 60.0
-# watch events that cannot change what BGP announces or installs: no BGP pass for them
-# An ADD's pass leaves status.json to the loop: writing it took 1.4 ms of every ADD,
-# and passes that end together need one write, not one each.
-STATUS_STALE = "status-stale"
-NOT_BGP_REASONS = frozenset({"pods", "namespaces", "policies", STATUS_STALE})
-ENDPOINT_ADDED = "endpoint-added"  # the pass a CNI ADD waits for
 
 
 @dataclass
@@ -289,13 +285,15 @@ class Agent:
         self.bgp: BGPController | None = None
         self.policy: PolicyDataplane | None = None
         self.policy_sync: PolicySync | None = None
+        # the dataplane managers, driven in this order by every pass (felix.managers)
+        self.endpoint_wiring: EndpointWiring | None = None
+        self.policy_manager: PolicyManager | None = None
+        self.tunnels: TunnelManager | None = None
+        self.bgp_manager: BGPManager | None = None
         # informers note what changed from their first event on; the pass reads it
         self.policy_sync_changes = ChangedKeys()
         self._node_missing = False  # our Node object was absent on the last pass
         self.allocator: IPAMAllocator | None = None
-        self._vxlan_address: IPv4Address | None = None
-        self._ipip_address: IPv4Address | None = None
-        self._ipip_failed = False
         self.ipam_owners = IPAMOwners(on_invalid=self.metrics.invalid_objects.inc)
         self._retries: dict[str, tuple[int, str]] = {}  # pass -> (failures in a row, error)
 
@@ -351,6 +349,7 @@ class Agent:
             default_mtu=self.config.mtu,
             journal=AddJournal(self.config.run_dir / "cni-inflight"),
         )
+        self._make_managers(allocator)
         # Before any pass or CNI call: undo what a killed agent left half done, then
         # re-adopt the pods that are fully wired (into the one endpoint table) so their
         # policy is programmed again.
@@ -362,6 +361,28 @@ class Agent:
         self.cni = CNIServer(str(self.config.cni_socket), self.handlers)
         self.cni.start()
         log.info("agent ready", extra={"cni_socket": str(self.config.cni_socket)})
+
+    def _make_managers(self, allocator: IPAMAllocator) -> None:
+        """The dataplane managers, each over its own part (see :mod:`felix.managers`)."""
+        assert self.handlers is not None
+        self.endpoint_wiring = EndpointWiring(self.handlers.repair)
+        if self.policy is not None and self.policy_sync is not None:
+            sources = PolicySources(
+                caches=self.informers,
+                local_endpoints=self._local_endpoints,
+                address_book=lambda: self.ipam_owners.book(self._objects("blocks")),
+                fetch_pod=self._fetch_pod,
+                pools=self._pool_nat,
+            )
+            self.policy_manager = PolicyManager(self.policy_sync, self.policy, sources)
+        node = TunnelNode(self.config.node_name, self.config.node_ip or "", self.config.mtu)
+        self.tunnels = TunnelManager(
+            node, self._objects, allocator.tunnel_address, self._annotate_node, iproute_factory()
+        )
+        if self.bgp is not None:
+            self.bgp_manager = BGPManager(
+                self.bgp, self._objects, self.metrics.invalid_objects.inc, self._bgp_peers_changed
+            )
 
     def _start_informers(self) -> None:
         specs: dict[str, tuple[kinds.ResourceKind, str | None]] = {
@@ -460,42 +481,52 @@ class Agent:
             self._best_effort(lambda: bgp.block_claimed(block), "bgp")
 
     def _endpoint_removed(self, endpoint: Endpoint) -> None:
-        self.loop.request(f"endpoint-removed:{endpoint.host_ifname}")
+        self.loop.request(f"{ENDPOINT_REMOVED}:{endpoint.host_ifname}")
 
     # -- the dataplane pass -------------------------------------------------------------
     def _sync(self, reasons: set[str]) -> None:
-        """Recompute desired state from the caches and apply it (components plug in here)."""
+        """One pass: every manager is told what changed, then driven in order (the full
+        resync on the loop's timer, else only the changes)."""
         if reasons == {STATUS_STALE}:
             self._write_status()
             return
-        if "periodic-resync" in reasons:
+        resync = PERIODIC_RESYNC in reasons
+        for manager in self._managers():
+            manager.on_update(reasons)
+        if resync and self.endpoint_wiring is not None:
             # Outside the pass's lock: a repair takes its pod's CNI lock, and an ADD
             # holding that lock waits for a pass in on_endpoint_added.
-            self._best_effort(self._repair_endpoints, "endpoints")
+            self._best_effort(self.endpoint_wiring.resync, "endpoints")
         with self.metrics.dataplane_apply.time():
             log.debug("dataplane pass", extra={"reasons": sorted(reasons)})
-            resync = "periodic-resync" in reasons
             # Policy failures propagate: an ADD must not succeed unprotected. Routing
             # failures are retried by the loop and never fail a pod's ADD.
-            if self.policy is not None:
+            if self.policy_manager is not None:
                 with self._sync_lock:
-                    self._sync_policy(resync)
+                    drive(self.policy_manager, resync)
             if reasons == {ENDPOINT_ADDED}:  # an ADD waits for its policy only
                 self.loop.request(STATUS_STALE)
                 return
             # Under their own lock: an ADD's policy pass need not wait for BGP.
             with self._routing_lock:
-                self._sync_routing(reasons, resync)
+                self._sync_routing(resync)
             self._write_status()
 
-    def _sync_routing(self, reasons: set[str], resync: bool) -> None:
+    def _managers(self) -> list[DataplaneManager]:
+        managers = (self.endpoint_wiring, self.policy_manager, self.tunnels, self.bgp_manager)
+        return [m for m in managers if m is not None]
+
+    def _sync_routing(self, resync: bool) -> None:
         """Tunnels, this node's published address and BGP (never fails a pass)."""
-        self._best_effort(self._sync_tunnels, "tunnels")
+        tunnels = self.tunnels
+        if tunnels is not None and self.config.node_ip:
+            self._best_effort(lambda: drive(tunnels, resync), "tunnels")
         # Every pass, from the cache (a patch only on a difference): a Node deleted and
         # registered again by its kubelet comes back without our annotations.
         self._best_effort(self._publish_node_address, "node-address")
-        if self.bgp is not None and not _only_non_bgp(reasons):
-            self._best_effort(lambda: self._sync_bgp(resync), "bgp")
+        bgp = self.bgp_manager
+        if bgp is not None:
+            self._best_effort(lambda: drive(bgp, resync), "bgp")
 
     def _best_effort(self, step: Callable[[], None], name: str) -> None:
         condition = f"{name}-programmed"
@@ -525,45 +556,6 @@ class Agent:
             self._retries.pop(name, None)
             self.readiness.set(condition, True)
 
-    def _sync_tunnels(self) -> None:
-        """Tunnel devices for encapsulating pools, and their facts on our Node."""
-        needed = needed_tunnels(IPPool.from_wire(o) for o in self._objects("pools"))
-        if not needed or self.allocator is None or not self.config.node_ip:
-            return
-        if "vxlan" in needed:
-            vxlan = self._vxlan_address
-            if vxlan is None or not self._tunnel_address_held(vxlan, "vxlan"):
-                vxlan = self._vxlan_address = self.allocator.tunnel_address("vxlan")
-            mac = vxlan_mac(self.config.node_name)
-            spec = VxlanSpec(
-                vxlan,
-                self.config.node_ip.split("/")[0],
-                mac,
-                self.config.mtu - VXLAN_OVERHEAD,
-            )
-            changed = ensure_vxlan(iproute_factory(None), spec)
-            if changed:
-                log.info("VXLAN device %s: %s", spec.device, ", ".join(changed))
-            self._annotate_node({VXLAN_TUNNEL_ADDR: str(vxlan), VXLAN_TUNNEL_MAC: mac})
-        if "ipip" in needed and not self._ipip_failed:
-            try:
-                ipip = self._ipip_address
-                if ipip is None or not self._tunnel_address_held(ipip, "ipip"):
-                    ipip = self._ipip_address = self.allocator.tunnel_address("ipip")
-                ensure_ipip(iproute_factory(None), ipip, self.config.mtu - IPIP_OVERHEAD)
-                self._annotate_node({IPIP_TUNNEL_ADDR: str(ipip)})
-            except NetlinkError as exc:
-                self._ipip_failed = True
-                log.error("cannot create tunl0 (is the ipip module available?): %s", exc)
-
-    def _tunnel_address_held(self, address: IPv4Address, kind: str) -> bool:
-        """Our remembered tunnel address is still ours in IPAM (the blocks cache)."""
-        handle = tunnel_handle_id(kind, self.config.node_name)
-        if holds_address(self._objects("blocks"), address, handle):
-            return True
-        log.warning("%s tunnel address %s is no longer allocated to this node", kind, address)
-        return False
-
     def _annotate_node(self, annotations: dict[str, str]) -> None:
         """Patch our Node only when the annotations differ from what the cache holds."""
         for raw in self._objects("nodes"):
@@ -576,30 +568,12 @@ class Agent:
                 kinds.NODE, self.config.node_name, {"metadata": {"annotations": annotations}}
             )
 
-    def _sync_policy(self, resync: bool) -> None:
-        """Policy for every pod; a pod's addresses are only ones kubelet or Tabby vouch for
-        (:mod:`policy.membership`), never an annotation a tenant can write.
-
-        Only what changed since the last pass is parsed and recomputed
-        (:mod:`felix.policy_sync`); the periodic resync recomputes everything.
-        """
-        assert self.policy is not None and self.policy_sync is not None
-        desired, local = self.policy_sync.compute(
-            self.informers,
-            self._local_endpoints(),
-            lambda: self.ipam_owners.book(self._objects("blocks")),
-            self._fetch_pod,
-            afresh=resync,
-        )
-        self.policy.apply_state(
-            desired,
-            local,
-            pools=[
-                PoolNat(pool.spec.cidr, pool.spec.nat_outgoing)
-                for pool in (IPPool.from_wire(o) for o in self._objects("pools"))
-            ],
-            resync=resync,
-        )
+    def _pool_nat(self) -> list[PoolNat]:
+        """natOutgoing of each pool, for the policy manager's nat table."""
+        return [
+            PoolNat(pool.spec.cidr, pool.spec.nat_outgoing)
+            for pool in (IPPool.from_wire(o) for o in self._objects("pools"))
+        ]
 
     def _local_endpoints(self) -> dict[str, WiredEndpoint]:
         """host interface -> the pod wired behind it and its address, for every pod here
@@ -620,11 +594,6 @@ class Agent:
         except DatastoreError:
             return None
 
-    def _repair_endpoints(self) -> None:
-        """Resync of pod wiring: routes, sysctls and veths that drifted are put back."""
-        if self.handlers is not None:
-            self.handlers.repair()
-
     def _pod_alive(self, endpoint: Endpoint) -> bool | None:
         """Recovery's owner check, from the synced Pod cache: False when the Pod is gone
         (or re-created with another UID), None when the endpoint names no Pod."""
@@ -636,37 +605,12 @@ class Agent:
                 return endpoint.pod_uid in (None, meta.get("uid"))
         return False
 
-    def _sync_bgp(self, resync: bool) -> None:
-        assert self.bgp is not None
-        inputs = BGPInputs(
-            config=self._bgp_configuration(),
-            nodes=self._objects("nodes"),
-            peers=[BGPPeer.from_wire(o) for o in self._objects("bgppeers")],
-            affinities=[BlockAffinity.from_wire(o) for o in self._objects("affinities")],
-            pools=[IPPool.from_wire(o) for o in self._objects("pools")],
-            blocks=[IPAMBlock.from_wire(o) for o in self._objects("blocks")],
-        )
-        status = self.bgp.update(inputs)
-        self.metrics.invalid_objects.inc(status.newly_invalid)  # reported once, by bgp/
-        if resync:
-            status = self.bgp.resync()
-        peers = self.bgp.speaker.status_document()["peers"] if self.bgp.speaker else []
-        self._bgp_peers_changed(peers)
-        if status.routes.errors:
-            log.warning("BGP route apply reported errors", extra={"errors": status.routes.errors})
-
     def _bgp_peers_changed(self, peers: list[dict[str, Any]]) -> None:
         """BGP readiness and the sessions gauge: from each pass, and from the speaker the
         moment a session changes state (so /readyz does not wait for a resync)."""
         up = sum(1 for p in peers if p.get("state") == "up")
         self.metrics.bgp_peers_up.set(up)
         self.readiness.set("bgp", up == len(peers), f"{up}/{len(peers)} BGP sessions established")
-
-    def _bgp_configuration(self) -> BGPConfiguration | None:
-        for raw in self._objects("bgpconfigs"):
-            if raw["metadata"]["name"] == "default":
-                return BGPConfiguration.from_wire(raw)
-        return None
 
     def _publish_node_address(self) -> None:
         """Put this node's BGP address on its Node object, for its peers to find."""
@@ -752,11 +696,6 @@ def settle_heap() -> None:
     """
     gc.collect()
     gc.freeze()
-
-
-def _only_non_bgp(reasons: set[str]) -> bool:
-    """Pod, namespace, policy and endpoint changes alone leave BGP as it is."""
-    return all(r in NOT_BGP_REASONS or r.startswith("endpoint-") for r in reasons)
 
 
 def _endpoint_to_host_action(value: str) -> str:

@@ -12,6 +12,8 @@ import threading
 import time
 from collections.abc import Callable
 
+from felix.reasons import PERIODIC_RESYNC
+
 log = logging.getLogger(__name__)
 
 SyncFn = Callable[[set[str]], None]
@@ -81,13 +83,13 @@ class ReconcileLoop:
                         break
                     remaining = next_resync - now
                     if remaining <= 0:
-                        self._reasons.add("periodic-resync")
+                        self._reasons.add(PERIODIC_RESYNC)
                         break
                     self._cond.wait(min([remaining, *(d - now for d in self._later.values())]))
                 if self._stop:
                     return
                 reasons, self._reasons = self._reasons, set()
-            if "periodic-resync" in reasons:
+            if PERIODIC_RESYNC in reasons:
                 next_resync = time.monotonic() + self._interval
             self._run_once(reasons)
 

@@ -1,0 +1,90 @@
+"""BGP as a dataplane manager: its routes, blackholes, neighbours and FDB entries."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Set
+from typing import Any
+
+from bgp.controller import BGPController, BGPInputs
+from datastore.models import BGPConfiguration, BGPPeer, BlockAffinity, IPAMBlock, IPPool
+from felix.reasons import STATUS_STALE
+
+log = logging.getLogger(__name__)
+
+Objects = Callable[[str], list[dict[str, Any]]]  # an informer's objects, by its name
+
+# Changes that cannot alter what BGP announces or installs: no BGP work for them.
+NOT_BGP_REASONS = frozenset({"pods", "namespaces", "policies", STATUS_STALE})
+
+
+def only_non_bgp(reasons: Set[str]) -> bool:
+    """Pod, namespace, policy and endpoint changes alone leave BGP as it is."""
+    return all(r in NOT_BGP_REASONS or r.startswith("endpoint-") for r in reasons)
+
+
+class BGPManager:
+    """Feeds the BGP controller (:mod:`bgp.controller`: the speaker's configuration and
+    the kernel routes it owns) from the caches when something BGP reads has changed.
+
+    ``resync`` also re-reads the kernel's routes, neighbours and FDB entries, so a
+    deleted BGP route or a flushed FDB is put back.
+    """
+
+    name = "bgp"
+
+    def __init__(
+        self,
+        controller: BGPController,
+        objects: Objects,
+        on_invalid: Callable[[int], None],
+        on_peers: Callable[[list[dict[str, Any]]], None],
+    ) -> None:
+        self.controller = controller
+        self._objects = objects
+        self._on_invalid = on_invalid
+        self._on_peers = on_peers
+        self._dirty = True  # the first pass programs whatever the caches hold
+
+    def on_update(self, reasons: Set[str]) -> None:
+        if not only_non_bgp(reasons):
+            self._dirty = True
+
+    def apply(self) -> None:
+        if self._dirty:
+            self._dirty = False
+            self._update(resync=False)
+
+    def resync(self) -> None:
+        self._dirty = False
+        self._update(resync=True)
+
+    def _update(self, resync: bool) -> None:
+        try:
+            status = self.controller.update(self._inputs())
+            self._on_invalid(status.newly_invalid)  # reported once, by bgp/
+            if resync:
+                status = self.controller.resync()
+        except Exception:
+            self._dirty = True  # the retry must do the work again
+            raise
+        speaker = self.controller.speaker
+        self._on_peers(speaker.status_document()["peers"] if speaker else [])
+        if status.routes.errors:
+            log.warning("BGP route apply reported errors", extra={"errors": status.routes.errors})
+
+    def _inputs(self) -> BGPInputs:
+        return BGPInputs(
+            config=self._configuration(),
+            nodes=self._objects("nodes"),
+            peers=[BGPPeer.from_wire(o) for o in self._objects("bgppeers")],
+            affinities=[BlockAffinity.from_wire(o) for o in self._objects("affinities")],
+            pools=[IPPool.from_wire(o) for o in self._objects("pools")],
+            blocks=[IPAMBlock.from_wire(o) for o in self._objects("blocks")],
+        )
+
+    def _configuration(self) -> BGPConfiguration | None:
+        for raw in self._objects("bgpconfigs"):
+            if raw["metadata"]["name"] == "default":
+                return BGPConfiguration.from_wire(raw)
+        return None
