@@ -57,6 +57,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from bgp.config import DEFAULT_PORT as BGP_PORT
+from felix.calc.messages import ChainRemove, ChainUpdate, IPSetRemove, IPSetUpdate, Message
 from felix.constants import HOST_IFACE_PREFIX
 from felix.dataplane import apply_in_order
 from felix.dataplane.backend import detect_backend
@@ -223,16 +224,21 @@ class ChainRules:
         self._by_name: dict[str, tuple[PolicyChain, tuple[Rule, ...]]] = {}
 
     def __call__(self, chains: Mapping[str, PolicyChain]) -> dict[str, tuple[Rule, ...]]:
-        out: dict[str, tuple[Rule, ...]] = {}
-        for name, chain in chains.items():
-            hit = self._by_name.get(name)
-            if hit is None or hit[0] is not chain:
-                hit = (chain, tuple(Rule(rule.args) for rule in chain.rules))
-                self._by_name[name] = hit
-            out[name] = hit[1]
+        out = {name: self.one(chain) for name, chain in chains.items()}
         for name in self._by_name.keys() - chains.keys():
             del self._by_name[name]
         return out
+
+    def one(self, chain: PolicyChain) -> tuple[Rule, ...]:
+        """One chain's rules, converted again only if the chain object is new."""
+        hit = self._by_name.get(chain.name)
+        if hit is None or hit[0] is not chain:
+            hit = (chain, tuple(Rule(rule.args) for rule in chain.rules))
+            self._by_name[chain.name] = hit
+        return hit[1]
+
+    def forget(self, name: str) -> None:
+        self._by_name.pop(name, None)
 
 
 def _convert(chains: Mapping[str, PolicyChain]) -> dict[str, tuple[Rule, ...]]:
@@ -250,9 +256,25 @@ def render(
 
     ``state`` must have been compiled with the same ``allow`` action.
     """
-    ifaces = sorted(local_ifaces)
+    fixed = fixed_state(local_ifaces, endpoint_to_host, allow)
     chains = convert(state.chains)
-    chains.update(dispatch_tree(ifaces, "-i", "cali-fw-", FROM_DISPATCH))
+    chains.update(fixed.chains)
+    ipsets = {
+        name: (spec.set_type, state.members.get(name, frozenset()))
+        for name, spec in state.ipsets.items()
+    }
+    return FilterState(chains, fixed.hooks, ipsets, fixed.appended)
+
+
+def fixed_state(
+    local_ifaces: Iterable[str],
+    endpoint_to_host: EndpointToHostAction,
+    allow: FilterAllowAction = DEFAULT_FILTER_ALLOW_ACTION,
+) -> FilterState:
+    """The part of the filter table no policy decides: the dispatch trees over this
+    node's endpoints, cali-FORWARD, cali-INPUT, cali-wl-to-host and the hooks (pure)."""
+    ifaces = sorted(local_ifaces)
+    chains = dict(dispatch_tree(ifaces, "-i", "cali-fw-", FROM_DISPATCH))
     chains.update(dispatch_tree(ifaces, "-o", "cali-tw-", TO_DISPATCH))
     chains[FORWARD] = _rules(
         ("-j", "MARK", "--set-xmark", f"0x0/{ACCEPT_MARK:#x}"),
@@ -263,11 +285,7 @@ def render(
     chains[INPUT] = _rules(("-i", "cali+", "-g", WL_TO_HOST))
     chains[WL_TO_HOST] = _wl_to_host(endpoint_to_host, allow)
     hooks = {"FORWARD": _rules(("-j", FORWARD)), "INPUT": _rules(("-j", INPUT))}
-    ipsets = {
-        name: (spec.set_type, state.members.get(name, frozenset()))
-        for name, spec in state.ipsets.items()
-    }
-    return FilterState(chains, hooks, ipsets, _forward_appended(allow))
+    return FilterState(chains, hooks, {}, _forward_appended(allow))
 
 
 def _forward_appended(allow: FilterAllowAction) -> dict[str, tuple[Rule, ...]]:
@@ -300,6 +318,7 @@ class PolicyDataplane:
         self.ipsets = IpsetManager(runner)
         self.last_bytes = 0
         self._chain_rules = ChainRules()
+        self._fixed: set[str] = set()  # names of the chains fixed_state() wrote last
 
     def apply(
         self,
@@ -333,14 +352,54 @@ class PolicyDataplane:
             self.ipsets.invalidate()
         self.ipsets.replace_sets({**state.ipsets, **nat.ipsets})
         self.filter.replace_chains(state.chains)
-        for kernel_chain, rules in state.hooks.items():
-            self.filter.insert_hooks(kernel_chain, rules)
-        for kernel_chain in {*state.hooks, *state.appended}:
-            self.filter.append_hooks(kernel_chain, state.appended.get(kernel_chain, ()))
+        self._fixed = set(state.chains) - set(desired.chains)
+        self._set_hooks(state)
         self._set_nat(nat)
         result = apply_in_order(self.ipsets, [self.filter, self.nat])
         self.last_bytes = result.bytes_written
         return state
+
+    def apply_changes(
+        self,
+        messages: Iterable[Message],
+        local_ifaces: Iterable[str],
+        *,
+        pools: Iterable[PoolNat] = (),
+    ) -> None:
+        """Write what the calculation says changed (:mod:`felix.calc.messages`), the
+        dispatch trees over ``local_ifaces`` and the NAT state; nothing else is read or
+        compared. Must follow an :meth:`apply_state` of the state the messages start
+        from (the agent's resync does one)."""
+        for message in messages:
+            match message:
+                case ChainUpdate(chain):
+                    self.filter.set_chain(chain.name, self._chain_rules.one(chain))
+                case ChainRemove(name):
+                    self._chain_rules.forget(name)
+                    self.filter.remove_chain(name)
+                case IPSetUpdate(spec, members):
+                    self.ipsets.set_members(spec.name, spec.set_type, members)
+                case IPSetRemove(name):
+                    self.ipsets.remove(name)
+        fixed = fixed_state(local_ifaces, self.endpoint_to_host, self.allow)
+        for name in self._fixed - fixed.chains.keys():
+            self.filter.remove_chain(name)
+        for name, rules in fixed.chains.items():
+            self.filter.set_chain(name, rules)
+        self._fixed = set(fixed.chains)
+        self._set_hooks(fixed)
+        nat = nat_state(pools)
+        for name, (set_type, members) in nat.ipsets.items():
+            self.ipsets.set_members(name, set_type, members)
+        self._set_nat(nat)
+        result = apply_in_order(self.ipsets, [self.filter, self.nat])
+        self.last_bytes = result.bytes_written
+
+    def _set_hooks(self, state: FilterState) -> None:
+        for kernel_chain, rules in state.hooks.items():
+            self.filter.insert_hooks(kernel_chain, rules)
+        for kernel_chain in {*state.hooks, *state.appended}:
+            self.filter.append_hooks(kernel_chain, state.appended.get(kernel_chain, ()))
 
     def _set_nat(self, nat: NatState) -> None:
         """natOutgoing chains, appended to POSTROUTING after kube-proxy's rules."""

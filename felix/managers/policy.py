@@ -6,9 +6,12 @@ from collections.abc import Callable, Iterable, Mapping, Set
 from dataclasses import dataclass
 from typing import Any
 
+from felix.calc.messages import changes
 from felix.nat_outgoing import PoolNat
 from felix.policy_dataplane import PolicyDataplane
 from felix.policy_sync import Cache, PolicySync, WiredEndpoint
+from policy import DesiredState
+from policy import Pod as PolicyPod
 from policy.membership import AddressBook
 
 
@@ -25,8 +28,10 @@ class PolicySources:
 
 class PolicyManager:
     """Recomputes what changed (:class:`felix.policy_sync.PolicySync`, which the
-    informers tell which objects changed) and writes only the difference
-    (:class:`felix.policy_dataplane.PolicyDataplane`).
+    informers tell which objects changed) and writes only the difference: the typed
+    messages (:mod:`felix.calc.messages`: chain and set updates, explicit removals)
+    between the state last written and the new one
+    (:meth:`felix.policy_dataplane.PolicyDataplane.apply_changes`).
 
     ``resync`` starts the calculation afresh from the whole caches and re-reads the
     kernel's tables first, so a missed event or a hand-edited chain lasts one resync
@@ -41,23 +46,36 @@ class PolicyManager:
         self.calculation = calculation
         self.dataplane = dataplane
         self.sources = sources
+        # The state the dataplane was last given whole or brought to by messages: the
+        # next apply writes only the messages from it (None: write the whole state).
+        self._written: DesiredState | None = None
 
     def on_update(self, reasons: Set[str]) -> None:
         del reasons  # the informers note each changed object in the calculation's keys
 
     def apply(self) -> None:
-        self._pass(afresh=False)
+        """Write the typed messages between the last state written and this one."""
+        desired, local = self._compute(afresh=False)
+        if self._written is None:
+            self.dataplane.apply_state(desired, local, pools=self.sources.pools())
+        else:
+            messages = changes(self._written, desired)
+            self.dataplane.apply_changes(messages, local, pools=self.sources.pools())
+        self._written = desired
 
     def resync(self) -> None:
-        self._pass(afresh=True)
+        """Recompute from the whole caches and write the whole state, the kernel re-read."""
+        self._written = None  # until the whole state is written, no message is relative
+        desired, local = self._compute(afresh=True)
+        self.dataplane.apply_state(desired, local, pools=self.sources.pools(), resync=True)
+        self._written = desired
 
-    def _pass(self, afresh: bool) -> None:
+    def _compute(self, afresh: bool) -> tuple[DesiredState, Mapping[str, PolicyPod]]:
         sources = self.sources
-        desired, local = self.calculation.compute(
+        return self.calculation.compute(
             sources.caches,
             sources.local_endpoints(),
             sources.address_book,
             sources.fetch_pod,
             afresh=afresh,
         )
-        self.dataplane.apply_state(desired, local, pools=sources.pools(), resync=afresh)

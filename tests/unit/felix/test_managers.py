@@ -22,6 +22,7 @@ from felix.managers import (
 from felix.managers import tunnels as tunnel_module
 from felix.managers.tunnels import TunnelNode
 from felix.tunnels import VxlanSpec, vxlan_mac
+from policy import Chain, DesiredState
 from policy.membership import AddressBook
 
 
@@ -87,23 +88,31 @@ def test_endpoint_wiring_repairs_on_resync_only() -> None:
 
 
 class FakeCalculation:
+    """Answers with a new state per pass: one more chain each time."""
+
     def __init__(self) -> None:
         self.afresh: list[bool] = []
+        self.chains: dict[str, Chain] = {}  # kept, as the calculation keeps what it did not touch
 
     def compute(self, caches: Any, endpoints: Any, book: Any, fetch: Any, *, afresh: bool) -> Any:
         self.afresh.append(afresh)
-        return "desired", {"cali1": "pod"}
+        name = f"cali-tw-c{len(self.afresh) - 1}"
+        self.chains = {**self.chains, name: Chain(name)}
+        return DesiredState(self.chains), {"cali1": "pod"}
 
 
 class FakePolicyDataplane:
     def __init__(self) -> None:
-        self.writes: list[tuple[Any, Any, list[Any], bool]] = []
+        self.writes: list[tuple[str, Any, bool]] = []
 
-    def apply_state(self, desired: Any, local: Any, *, pools: Any, resync: bool) -> None:
-        self.writes.append((desired, local, list(pools), resync))
+    def apply_state(self, desired: Any, local: Any, *, pools: Any, resync: bool = False) -> None:
+        self.writes.append(("whole", sorted(desired.chains), resync))
+
+    def apply_changes(self, messages: Any, local: Any, *, pools: Any) -> None:
+        self.writes.append(("messages", [m.chain.name for m in messages], False))
 
 
-def test_policy_applies_changes_and_resyncs_afresh_from_the_kernel() -> None:
+def test_policy_writes_messages_between_passes_and_the_whole_state_on_resync() -> None:
     calculation, dataplane = FakeCalculation(), FakePolicyDataplane()
     sources = PolicySources(
         caches={},
@@ -113,11 +122,17 @@ def test_policy_applies_changes_and_resyncs_afresh_from_the_kernel() -> None:
         pools=lambda: ["pool"],
     )
     manager = PolicyManager(calculation, dataplane, sources)  # type: ignore[arg-type]
+    drive(manager, resync=False)  # nothing written yet: the whole state
+    drive(manager, resync=False)  # then only what changed
+    drive(manager, resync=True)  # the timer: afresh, the kernel re-read
     drive(manager, resync=False)
-    drive(manager, resync=True)
-    assert calculation.afresh == [False, True]
-    assert [w[3] for w in dataplane.writes] == [False, True]
-    assert dataplane.writes[0][:3] == ("desired", {"cali1": "pod"}, ["pool"])
+    assert calculation.afresh == [False, False, True, False]
+    assert dataplane.writes == [
+        ("whole", ["cali-tw-c0"], False),
+        ("messages", ["cali-tw-c1"], False),
+        ("whole", ["cali-tw-c0", "cali-tw-c1", "cali-tw-c2"], True),
+        ("messages", ["cali-tw-c3"], False),
+    ]
 
 
 VXLAN_POOL = {"metadata": {"name": "p"}, "spec": {"cidr": "10.244.0.0/16", "vxlanMode": "Always"}}
