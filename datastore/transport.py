@@ -10,9 +10,10 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import math
 import os
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlencode
@@ -23,7 +24,7 @@ from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 
 from datastore import incluster
-from datastore.errors import DatastoreError, NotConfigured, Unavailable, error_for
+from datastore.errors import DatastoreError, Invalid, NotConfigured, Unavailable, error_for
 
 log = logging.getLogger(__name__)
 
@@ -254,7 +255,7 @@ class HttpTransport:
         data = None
         if body is not None:
             headers["Content-Type"] = content_type
-            data = json.dumps(body).encode()
+            data = encode_body(body, method, path)
         url = self.host + path + _query_string(query)
         try:
             resp = self._pool.request(
@@ -319,6 +320,38 @@ def _json_lines(resp: urllib3.BaseHTTPResponse) -> Iterator[dict[str, Any]]:
                 yield json.loads(line)
     if buf.strip():
         yield json.loads(buf)
+
+
+def encode_body(body: Any, method: str, path: str) -> bytes:
+    """The request body as JSON, or :class:`Invalid` naming the field that has no JSON
+    form (NaN or an infinity, as YAML's ``.nan`` and ``.inf`` give): Python's encoder
+    would write ``NaN``/``Infinity``, which no JSON reader (the apiserver) accepts."""
+    try:
+        return json.dumps(body, allow_nan=False).encode()
+    except ValueError:
+        where = _non_finite(body, "") or "a value"
+        raise Invalid(
+            f"{method} {path}: {where} is NaN or infinite, which JSON cannot carry", 0, "Invalid"
+        ) from None
+
+
+def _non_finite(value: Any, path: str) -> str | None:
+    """The dotted path of the first NaN or infinite number in ``value``."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return path or "the body"
+    items: Iterable[tuple[Any, Any]]
+    if isinstance(value, dict):
+        items = value.items()
+    elif isinstance(value, list):
+        items = enumerate(value)
+    else:
+        return None
+    for key, inner in items:
+        inner_path = f"{path}[{key}]" if isinstance(key, int) else f"{path}.{key}".lstrip(".")
+        found = _non_finite(inner, inner_path)
+        if found:
+            return found
+    return None
 
 
 def _decode(data: bytes) -> dict[str, Any]:
