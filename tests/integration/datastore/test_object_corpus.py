@@ -1,5 +1,6 @@
 """Issue 20, bad input: generated IPPools, BGPPeers and BGPConfigurations against the
-real kube-apiserver with Tabby's CRDs (and the pool-overlap admission policy).
+real kube-apiserver with Tabby's CRDs (and the pool-overlap admission policy), and
+the odd NetworkPolicies of tests/unit/policy/test_odd_policies.py, which it accepts.
 
 Each generated object is created through the apiserver. Rejected: the error must
 name the field it is about (``spec.<field>``), or the rule it broke, and nothing is
@@ -31,6 +32,9 @@ from datastore.errors import DatastoreError, NotFound
 from datastore.models import BGPConfiguration, BGPPeer, IPPool
 from felix.tunnels import needed_tunnels
 from ipam.selector import SelectorError, parse_selector
+from policy import parse_policy
+from tests.unit.policy.policy_world import np_dict
+from tests.unit.policy.test_odd_policies import ODD_POLICIES
 
 pytestmark = pytest.mark.integration
 
@@ -160,3 +164,15 @@ def test_generated_objects_are_refused_by_field_or_usable_by_the_agent(
     print(f"\n{kind.kind}: {dict(sorted(c for c in COUNTS.items() if c[0].startswith(kind.kind)))}")
     assert COUNTS[f"{kind.kind} tried"] >= 150
     assert COUNTS[f"{kind.kind} rejected"] > 0 and COUNTS[f"{kind.kind} accepted and used"] > 0
+
+
+@pytest.mark.parametrize("name", sorted(ODD_POLICIES))
+def test_the_odd_policies_are_ones_the_apiserver_accepts(datastore: Datastore, name: str) -> None:
+    """What tests/unit/policy/test_odd_policies.py compiles is what a user can create."""
+    body = np_dict("default", f"tbt-odd-{name}", ODD_POLICIES[name])
+    stored = datastore.create_raw(kinds.NETWORKPOLICY, body)
+    try:
+        assert stored["spec"]["podSelector"] == ODD_POLICIES[name]["podSelector"]
+        assert parse_policy(stored).key == f"default/tbt-odd-{name}"
+    finally:
+        datastore.delete_raw(kinds.NETWORKPOLICY, f"tbt-odd-{name}", "default")
