@@ -123,10 +123,6 @@ def _delete_link(node_netns: str | None, ifname: str) -> None:
 OwnerAlive = Callable[[Endpoint], "bool | None"]
 
 
-def _netns_present(netns: str) -> bool:
-    return bool(netns) and netns_exists(netns)
-
-
 def _adopt_recorded(
     handlers: CNIHandlers,
     netns: str | None,
@@ -147,7 +143,7 @@ def _adopt_recorded(
     for ep in handlers.journal.endpoints():
         if ep.handle_id in undone:
             handlers.journal.drop(ep.network, ep.container_id, ep.ifname)
-        elif _netns_present(ep.netns) and (owner_alive is None or owner_alive(ep) is not False):
+        elif netns_exists(ep.netns) and (owner_alive is None or owner_alive(ep) is not False):
             kept.append(ep)
         else:
             dropped.append(ep)
@@ -158,7 +154,7 @@ def _adopt_recorded(
     for ep in dropped:
         host = None if ep.host_ifname in kept_links else ep.host_ifname
         try:
-            pod_netns = ep.netns if _netns_present(ep.netns) else None
+            pod_netns = ep.netns if netns_exists(ep.netns) else None
             wiring.unwire(ep.ifname, pod_netns, host, netns)
             handlers.allocator.release(ep.handle_id)
             if ep.namespace and ep.pod:

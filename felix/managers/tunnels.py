@@ -6,12 +6,12 @@ import logging
 from collections.abc import Callable, Set
 from dataclasses import dataclass
 from ipaddress import IPv4Address
-from typing import Any
 
 from pyroute2.netlink.exceptions import NetlinkError
 
 from bgp.annotations import IPIP_TUNNEL_ADDR, VXLAN_TUNNEL_ADDR, VXLAN_TUNNEL_MAC
 from datastore.models import IPPool
+from felix.managers.bgp import Objects
 from felix.pod_members import holds_address
 from felix.tunnels import (
     IPIP_OVERHEAD,
@@ -26,8 +26,6 @@ from ipam.pools import tunnel_handle_id
 from kernel import NetlinkFactory
 
 log = logging.getLogger(__name__)
-
-Objects = Callable[[str], list[dict[str, Any]]]  # an informer's objects, by its name
 
 
 @dataclass(frozen=True)
