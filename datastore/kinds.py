@@ -54,5 +54,15 @@ EVENT = ResourceKind("Event", "events", group="", version="v1", namespaced=True)
 NETWORKPOLICY = ResourceKind(
     "NetworkPolicy", "networkpolicies", group="networking.k8s.io", version="v1", namespaced=True
 )
+# sigs.k8s.io/network-policy-api's CRD (manifests/crds/clusternetworkpolicies.yaml, made
+# by hack/gen-cnp-crd.sh): v1beta1 is its storage version.
+CLUSTERNETWORKPOLICY = ResourceKind(
+    "ClusterNetworkPolicy",
+    "clusternetworkpolicies",
+    group="policy.networking.k8s.io",
+    version="v1beta1",
+)
 
 TABBY_KINDS = (IPPOOL, IPAMBLOCK, BLOCKAFFINITY, IPAMHANDLE, IPAMCONFIG, BGPCONFIGURATION, BGPPEER)
+# Every kind manifests/crds/ defines: Tabby's own and the upstream ones it installs.
+CRD_KINDS = (*TABBY_KINDS, CLUSTERNETWORKPOLICY)

@@ -30,7 +30,7 @@ import yaml
 
 from datastore.client import Datastore
 from datastore.errors import AlreadyExists, DatastoreError, Invalid, NotFound, Unavailable
-from datastore.kinds import IPPOOL, TABBY_KINDS
+from datastore.kinds import CRD_KINDS, IPPOOL
 from lab.pki import CertificateAuthority, write_service_account_key
 from lab.process import ManagedProcess, PidRegistry
 
@@ -381,7 +381,7 @@ class ControlPlane:
     def _wait_custom_storage(self, deadline: float) -> None:
         """Fresh CRDs answer 'storage is (re)initializing' for a while: wait it out here."""
         transport = self.datastore().transport
-        for kind in TABBY_KINDS:
+        for kind in CRD_KINDS:
             while True:
                 try:
                     transport.request("GET", kind.collection_path())

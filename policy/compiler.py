@@ -58,48 +58,61 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from policy.ipsets import IPSetSpec, NamedPortSet, NetSet, SelectorSet, ipset_members
+from policy.cluster_compiler import (
+    NodeAddresses,
+    cluster_policies_for,
+    compile_cluster_cached,
+    tier_jumps,
+)
+from policy.cluster_policy import ClusterNetworkPolicy, Tier
+from policy.ipsets import IPSetSpec, ipset_members
+from policy.matches import (
+    ACCEPT_MARK,
+    CLEAR_ACCEPT,
+    CLEAR_MARKS,
+    CLEAR_PASS,
+    RETURN_IF_ACCEPTED,
+    SET_ACCEPT,
+    CompiledPolicy,
+    Compiling,
+    address_match,
+    port_match,
+)
 from policy.model import (
-    ALL_PODS,
     IPBlock,
     Namespace,
     NetworkPolicy,
     Peer,
     Pod,
-    PodSelection,
     PolicyRule,
     PortSpec,
+    make_namespace,
 )
 from policy.naming import endpoint_chain_names, policy_chain_name
 from policy.rules import Chain, Rule
 
-ACCEPT_MARK = 0x10000
-_MARK = f"{ACCEPT_MARK:#x}/{ACCEPT_MARK:#x}"
-SET_ACCEPT = Rule((), "MARK", ("--set-xmark", _MARK))
-CLEAR_ACCEPT = Rule((), "MARK", ("--set-xmark", f"0x0/{ACCEPT_MARK:#x}"))
-RETURN_IF_ACCEPTED = Rule(("-m", "mark", "--mark", _MARK), "RETURN")
+__all__ = [
+    "ACCEPT_MARK",
+    "ALLOW_ACTIONS",
+    "CLEAR_ACCEPT",
+    "CONNTRACK_ACCEPT",
+    "RETURN_IF_ACCEPTED",
+    "SET_ACCEPT",
+    "CompiledPolicy",
+    "DesiredState",
+    "EndpointChains",
+    "compile_policy",
+    "desired_state",
+    "endpoint_chains",
+    "policies_for",
+]
+
 CONNTRACK_ACCEPT = Rule(("-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED"), "ACCEPT")
 # What an allowed reply gets in an endpoint chain: ACCEPT, or RETURN to let the
 # kernel's chains after Tabby's still decide (Calico's IptablesFilterAllowAction).
 ALLOW_ACTIONS = ("ACCEPT", "RETURN")
 CONNTRACK_DROP_INVALID = Rule(("-m", "conntrack", "--ctstate", "INVALID"), "DROP")
 DEFAULT_DROP = Rule((), "DROP")
-
-
-@dataclass(frozen=True)
-class CompiledPolicy:
-    """A policy's chains (None for a direction it does not isolate) and the
-    ipsets those chains refer to."""
-
-    key: str
-    ingress: Chain | None
-    egress: Chain | None
-    ipsets: tuple[IPSetSpec, ...]
-
-    @property
-    def chains(self) -> tuple[Chain, ...]:
-        """The chains that exist, ingress first."""
-        return tuple(c for c in (self.ingress, self.egress) if c is not None)
 
 
 @dataclass(frozen=True)
@@ -122,26 +135,11 @@ class DesiredState:
 # ---------------------------------------------------------------- policy chains
 
 
-@dataclass
-class _Compiling:
-    """What every rule of one policy direction needs while it is compiled."""
-
-    policy: NetworkPolicy
-    direction: str
-    family: int
-    sets: dict[str, IPSetSpec]
-
-    @property
-    def side(self) -> str:
-        """Which address is the peer's: the source for ingress, else the destination."""
-        return "src" if self.direction == "ingress" else "dst"
-
-
 def compile_policy(policy: NetworkPolicy, family: int = 4) -> CompiledPolicy:
     """Compile ``policy`` into its shared chains; depends on no pod."""
     sets: dict[str, IPSetSpec] = {}
-    ingress = _compile_direction(_Compiling(policy, "ingress", family, sets), policy.ingress)
-    egress = _compile_direction(_Compiling(policy, "egress", family, sets), policy.egress)
+    ingress = _compile_direction(policy, Compiling(policy, "ingress", family, sets), policy.ingress)
+    egress = _compile_direction(policy, Compiling(policy, "egress", family, sets), policy.egress)
     return CompiledPolicy(
         key=policy.key,
         ingress=ingress,
@@ -150,7 +148,9 @@ def compile_policy(policy: NetworkPolicy, family: int = 4) -> CompiledPolicy:
     )
 
 
-def _compile_direction(ctx: _Compiling, rules: tuple[PolicyRule, ...] | None) -> Chain | None:
+def _compile_direction(
+    policy: NetworkPolicy, ctx: Compiling, rules: tuple[PolicyRule, ...] | None
+) -> Chain | None:
     """One chain for one direction; None when the policy does not isolate it."""
     if rules is None:
         return None
@@ -160,10 +160,10 @@ def _compile_direction(ctx: _Compiling, rules: tuple[PolicyRule, ...] | None) ->
         if lines:
             body.extend(lines)
             body.append(RETURN_IF_ACCEPTED)
-    return Chain(policy_chain_name(ctx.policy.key, ctx.direction), tuple(body))
+    return Chain(policy_chain_name(policy.key, ctx.direction), tuple(body))
 
 
-def _rule_lines(ctx: _Compiling, rule: PolicyRule) -> Iterable[Rule]:
+def _rule_lines(ctx: Compiling, rule: PolicyRule) -> Iterable[Rule]:
     """One MARK rule per (peer, port); an empty list means "any"."""
     peers: tuple[Peer | None, ...] = rule.peers or (None,)
     ports: tuple[PortSpec | None, ...] = rule.ports or (None,)
@@ -171,59 +171,8 @@ def _rule_lines(ctx: _Compiling, rule: PolicyRule) -> Iterable[Rule]:
         if isinstance(peer, IPBlock) and peer.cidr.version != ctx.family:
             continue
         for port in ports:
-            match = _port_match(port) + _address_match(ctx, peer, port)
+            match = port_match(port) + address_match(ctx, peer, port)
             yield Rule(match, SET_ACCEPT.target, SET_ACCEPT.target_args)
-
-
-def _port_match(port: PortSpec | None) -> tuple[str, ...]:
-    """Protocol and numeric port (range); named ports only fix the protocol here."""
-    if port is None:
-        return ()
-    proto = port.protocol.lower()
-    if not isinstance(port.port, int):
-        return ("-p", proto)
-    dport = str(port.port) if port.end_port is None else f"{port.port}:{port.end_port}"
-    return ("-p", proto, "-m", proto, "--dport", dport)
-
-
-def _address_match(ctx: _Compiling, peer: Peer | None, port: PortSpec | None) -> tuple[str, ...]:
-    """The address part of a rule, folding in named-port resolution."""
-    if port is None or not isinstance(port.port, str):
-        return _peer_match(ctx, peer)
-    # The named-port set checks destination IP and port together, so it also
-    # decides *which* pods the name resolves on: the policy's own pods for
-    # ingress, the peer's pods for egress (all pods when the peer is not a
-    # selection).
-    if ctx.direction == "ingress":
-        where = ctx.policy.target
-    else:
-        where = peer if isinstance(peer, PodSelection) else ALL_PODS
-    named_set = _add(ctx.sets, NamedPortSet(ctx.family, where, port.protocol, port.port))
-    named_match = ("-m", "set", "--match-set", named_set, "dst,dst")
-    if ctx.direction == "egress" and isinstance(peer, PodSelection):
-        return named_match
-    return _peer_match(ctx, peer) + named_match
-
-
-def _peer_match(ctx: _Compiling, peer: Peer | None) -> tuple[str, ...]:
-    """Match the remote address against a pod selection or an ipBlock."""
-    if peer is None:
-        return ()
-    if isinstance(peer, PodSelection):
-        name = _add(ctx.sets, SelectorSet(ctx.family, peer))
-        return ("-m", "set", "--match-set", name, ctx.side)
-    flag = "-s" if ctx.side == "src" else "-d"
-    match: tuple[str, ...] = () if peer.cidr.prefixlen == 0 else (flag, str(peer.cidr))
-    if peer.excepts:
-        except_set = _add(ctx.sets, NetSet(ctx.family, peer.excepts))
-        match += ("-m", "set", "!", "--match-set", except_set, ctx.side)
-    return match
-
-
-def _add(sets: dict[str, IPSetSpec], spec: IPSetSpec) -> str:
-    """Record a set the chain uses and return its name."""
-    sets[spec.name] = spec
-    return spec.name
 
 
 # ---------------------------------------------------------------- endpoint chains
@@ -247,19 +196,51 @@ def policies_for(
     return sorted(chosen, key=lambda p: p.key)
 
 
+@dataclass(frozen=True)
+class ClusterTiers:
+    """The ClusterNetworkPolicies of one pod and direction, by tier, in evaluation order."""
+
+    admin: tuple[ClusterNetworkPolicy, ...] = ()
+    baseline: tuple[ClusterNetworkPolicy, ...] = ()
+
+    @classmethod
+    def of(
+        cls,
+        pod: Pod,
+        cluster_policies: Iterable[ClusterNetworkPolicy],
+        namespace_labels: Mapping[str, str],
+        direction: str,
+    ) -> ClusterTiers:
+        policies = list(cluster_policies)
+        return cls(
+            *(
+                tuple(cluster_policies_for(pod, policies, namespace_labels, direction, tier))
+                for tier in (Tier.ADMIN, Tier.BASELINE)
+            )
+        )
+
+
+NO_TIERS = ClusterTiers()
+
+
 def endpoint_chains(
     pod: Pod,
     policies: Iterable[NetworkPolicy],
     iface: str,
     family: int = 4,
     allow: str = "ACCEPT",
+    tiers: Mapping[str, ClusterTiers] | None = None,
 ) -> EndpointChains:
-    """``cali-tw-<iface>`` and ``cali-fw-<iface>`` for a local pod."""
+    """``cali-tw-<iface>`` and ``cali-fw-<iface>`` for a local pod; ``tiers`` holds
+    the ClusterNetworkPolicies that apply to it, by direction."""
     tw_name, fw_name = endpoint_chain_names(iface)
     policy_list = list(policies)
-    to_wl = _conntrack_rules(allow) + _policy_jumps(pod, policy_list, "ingress")
+    tiers = tiers or {}
+    to_wl = _conntrack_rules(allow) + _policy_jumps(
+        pod, policy_list, "ingress", tiers.get("ingress", NO_TIERS)
+    )
     from_wl = _anti_spoof(pod, family) + _conntrack_rules(allow)
-    from_wl += _policy_jumps(pod, policy_list, "egress")
+    from_wl += _policy_jumps(pod, policy_list, "egress", tiers.get("egress", NO_TIERS))
     return EndpointChains(Chain(tw_name, to_wl), Chain(fw_name, from_wl))
 
 
@@ -279,14 +260,25 @@ def _anti_spoof(pod: Pod, family: int) -> tuple[Rule, ...]:
     return (Rule(("!", "-s", f"{ips[0]}/{prefix}"), "DROP"),)
 
 
-def _policy_jumps(pod: Pod, policies: list[NetworkPolicy], direction: str) -> tuple[Rule, ...]:
-    """Clear the mark, try each policy, then default deny or allow."""
+def _policy_jumps(
+    pod: Pod, policies: list[NetworkPolicy], direction: str, tiers: ClusterTiers
+) -> tuple[Rule, ...]:
+    """Clear the marks, try the Admin tier, each NetworkPolicy, then default deny; or,
+    when no NetworkPolicy selects the pod, the Baseline tier and the default allow.
+    Without ClusterNetworkPolicies only the accept mark is used."""
     chosen = policies_for(pod, policies, direction)
-    rules = [CLEAR_ACCEPT]
+    rules = [CLEAR_MARKS if tiers.admin or tiers.baseline else CLEAR_ACCEPT]
+    rules += tier_jumps(list(tiers.admin), direction)
     for policy in chosen:
         rules.append(Rule((), policy_chain_name(policy.key, direction)))
         rules.append(RETURN_IF_ACCEPTED)
-    rules.append(DEFAULT_DROP if chosen else SET_ACCEPT)
+    if chosen:
+        rules.append(DEFAULT_DROP)
+        return tuple(rules)
+    if tiers.baseline:
+        rules.append(CLEAR_PASS)
+        rules += tier_jumps(list(tiers.baseline), direction)
+    rules.append(SET_ACCEPT)
     return tuple(rules)
 
 
@@ -300,6 +292,8 @@ def desired_state(
     local_endpoints: Mapping[str, Pod],
     family: int = 4,
     allow: str = "ACCEPT",
+    cluster_policies: Iterable[ClusterNetworkPolicy] = (),
+    nodes: Iterable[NodeAddresses] = (),
 ) -> DesiredState:
     """Chains and ipsets for the endpoints on one node (``iface`` → pod).
 
@@ -308,6 +302,8 @@ def desired_state(
 
     Only policies that apply to some local endpoint are compiled, and only the
     sets their chains use are listed, so a node carries what it needs.
+    ClusterNetworkPolicies add their tiers around the NetworkPolicies (``nodes``:
+    the Nodes whose addresses their ``nodes`` peers select).
     """
     # A policy only ever selects pods of its own namespace: index once, so a pod is
     # matched against its namespace's policies, not the cluster's.
@@ -317,15 +313,28 @@ def desired_state(
     chains: dict[str, Chain] = {}
     specs: dict[str, IPSetSpec] = {}
     used: dict[str, NetworkPolicy] = {}
+    used_cluster: dict[str, ClusterNetworkPolicy] = {}
+    cluster_list = list(cluster_policies)
+    namespace_list = list(namespaces)
+    ns_labels = {ns.name: ns.labels for ns in namespace_list}
     for iface, pod in sorted(local_endpoints.items()):
         candidates = by_namespace.get(pod.namespace, [])
-        eps = endpoint_chains(pod, candidates, iface, family, allow)
+        labels = ns_labels.get(pod.namespace) or make_namespace(pod.namespace).labels
+        tiers = {d: ClusterTiers.of(pod, cluster_list, labels, d) for d in ("ingress", "egress")}
+        eps = endpoint_chains(pod, candidates, iface, family, allow, tiers)
         chains[eps.to_workload.name] = eps.to_workload
         chains[eps.from_workload.name] = eps.from_workload
         for direction in ("ingress", "egress"):
             used.update((p.key, p) for p in policies_for(pod, candidates, direction))
-    for key in sorted(used):
-        compiled = _compile_cached(used[key], family)
-        chains.update((c.name, c) for c in compiled.chains)
-        specs.update((s.name, s) for s in compiled.ipsets)
-    return DesiredState(chains, specs, ipset_members(specs.values(), pods, namespaces))
+            for tier in (tiers[direction].admin, tiers[direction].baseline):
+                used_cluster.update((p.name, p) for p in tier)
+    compiled = [_compile_cached(used[key], family) for key in sorted(used)]
+    node_tuple = tuple(sorted(nodes, key=lambda n: n.name))
+    compiled += [
+        compile_cluster_cached(used_cluster[name], family, node_tuple)
+        for name in sorted(used_cluster)
+    ]
+    for one in compiled:
+        chains.update((c.name, c) for c in one.chains)
+        specs.update((s.name, s) for s in one.ipsets)
+    return DesiredState(chains, specs, ipset_members(specs.values(), pods, namespace_list))

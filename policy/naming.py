@@ -37,6 +37,13 @@ def policy_chain_name(policy_key: str, direction: str) -> str:
     return prefix + short_hash(policy_key, MAX_CHAIN_NAME - len(prefix))
 
 
+def cluster_policy_chain_name(name: str, direction: str) -> str:
+    """``cali-ci-_<hash>`` (ingress) or ``cali-co-_<hash>`` (egress) of a
+    ClusterNetworkPolicy, 28 chars; hashed from its name like a NetworkPolicy's."""
+    prefix = {"ingress": "cali-ci-_", "egress": "cali-co-_"}[direction]
+    return prefix + short_hash(f"clusternetworkpolicy/{name}", MAX_CHAIN_NAME - len(prefix))
+
+
 def endpoint_chain_names(iface: str) -> tuple[str, str]:
     """(``cali-tw-<iface>``, ``cali-fw-<iface>``) for a host-side veth name."""
     if not iface or len(iface) > MAX_IFACE_NAME or not _IFACE_RE.match(iface):

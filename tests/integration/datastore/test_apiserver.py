@@ -51,7 +51,7 @@ def test_kubectl_lists_tabby_crds(control_plane: ControlPlane) -> None:
     listed = set(out.split())
     expected = {
         f"customresourcedefinition.apiextensions.k8s.io/{k.plural}.{k.group}"
-        for k in kinds.TABBY_KINDS
+        for k in kinds.CRD_KINDS
     }
     assert expected <= listed, f"missing CRDs: {expected - listed}"
 

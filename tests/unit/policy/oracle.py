@@ -23,6 +23,25 @@ Spec text it follows (networking.k8s.io/v1):
 Tabby's chosen behaviour where the spec leaves room: hostNetwork pods are not
 pods for selectors (their IP is the node's); an unknown namespace has only its
 ``kubernetes.io/metadata.name`` label.
+
+ClusterNetworkPolicy (policy.networking.k8s.io/v1beta1, from its API reference):
+
+* Each direction is decided by tiers in turn: Admin, then NetworkPolicy, then
+  Baseline, then the default (allow). Admin and Baseline consult the
+  ClusterNetworkPolicies of their tier whose subject holds the pod, lowest
+  ``priority`` first (Tabby breaks ties by name), each policy's rules in order.
+* The first matching rule decides: Accept allows, Deny denies, Pass ends the
+  tier and hands the decision to the next one.
+* The NetworkPolicy tier decides only for pods some NetworkPolicy isolates.
+* A rule matches if its ``protocols`` (absent = all) and one of its peers match.
+  Peers: ``namespaces`` (pods in matching namespaces), ``pods`` (namespace AND
+  pod selectors), egress-only ``nodes`` (an address in ``status.addresses`` of a
+  matching Node), ``networks`` (the address is inside a CIDR: pods included),
+  ``domainNames`` (Tabby implements none: matches nothing).
+* A peer with no known field fails closed: an Accept rule with it matches
+  nothing, a Deny or Pass rule with it denies everything.
+* ``destinationNamedPort``: the destination pod has a container port of that
+  name whose number and protocol are the connection's.
 """
 
 from __future__ import annotations
@@ -69,6 +88,9 @@ def selector_matches(selector: dict[str, Any] | None, labels: dict[str, str]) ->
     return True
 
 
+CNP_PEER_KINDS = {"namespaces", "pods", "nodes", "networks", "domainNames"}
+
+
 class Oracle:
     """Evaluates connections for a fixed set of policies, pods and namespaces."""
 
@@ -76,8 +98,20 @@ class Oracle:
         self,
         policies: list[dict[str, Any]],
         namespaces: list[dict[str, Any]],
+        cluster_policies: list[dict[str, Any]] | None = None,
+        nodes: list[dict[str, Any]] | None = None,
     ) -> None:
         self.policies = policies
+        self.cluster_policies = sorted(
+            cluster_policies or [], key=lambda c: (c["spec"]["priority"], c["metadata"]["name"])
+        )
+        self.node_addresses = [
+            (
+                n["metadata"].get("labels") or {},
+                {a["address"] for a in (n.get("status") or {}).get("addresses") or []},
+            )
+            for n in nodes or []
+        ]
         self.ns_labels = {
             ns["metadata"]["name"]: {
                 **(ns["metadata"].get("labels") or {}),
@@ -103,15 +137,93 @@ class Oracle:
         """Is ``subject`` isolated for ``ptype``, and if so does a rule allow?"""
         if subject.get("spec", {}).get("hostNetwork"):
             return True
+        admin = self._tier_verdict("Admin", subject, ptype, remote, conn)
+        if admin is not None:
+            return admin
         selecting = [p for p in self.policies if self._selects(p, subject, ptype)]
-        if not selecting:
-            return True
         key, peer_key = ("ingress", "from") if ptype == "Ingress" else ("egress", "to")
-        return any(
-            self._rule_matches(rule, peer_key, p["metadata"]["namespace"], remote, conn)
-            for p in selecting
-            for rule in p["spec"].get(key) or []
+        if selecting:
+            return any(
+                self._rule_matches(rule, peer_key, p["metadata"]["namespace"], remote, conn)
+                for p in selecting
+                for rule in p["spec"].get(key) or []
+            )
+        baseline = self._tier_verdict("Baseline", subject, ptype, remote, conn)
+        return True if baseline is None else baseline
+
+    # -- ClusterNetworkPolicy ---------------------------------------------------------
+    def _tier_verdict(
+        self, tier: str, subject: dict[str, Any], ptype: str, remote: Endpoint, conn: Connection
+    ) -> bool | None:
+        """Accept → True, Deny → False; None when the tier passes or nothing matched."""
+        key, peer_key = ("ingress", "from") if ptype == "Ingress" else ("egress", "to")
+        for cnp in self.cluster_policies:
+            spec = cnp["spec"]
+            if spec["tier"] != tier or not self._cnp_subject(spec["subject"], subject):
+                continue
+            for rule in spec.get(key) or []:
+                action = rule["action"]
+                peers = rule[peer_key]
+                if any(not (set(p) & CNP_PEER_KINDS) for p in peers):  # fails closed
+                    if action == "Accept":
+                        continue
+                    return False
+                if not self._cnp_ports_match(rule.get("protocols"), conn):
+                    continue
+                if not any(self._cnp_peer_matches(p, remote) for p in peers):
+                    continue
+                if action == "Pass":
+                    return None
+                return action == "Accept"
+        return None
+
+    def _cnp_subject(self, subject: dict[str, Any], pod: dict[str, Any]) -> bool:
+        if "namespaces" in subject:
+            return self._in_namespaces(subject["namespaces"], pod)
+        pods = subject["pods"]
+        return self._in_namespaces(pods.get("namespaceSelector"), pod) and selector_matches(
+            pods["podSelector"], pod["metadata"].get("labels") or {}
         )
+
+    def _in_namespaces(self, selector: dict[str, Any] | None, pod: dict[str, Any]) -> bool:
+        return selector_matches(selector, self._labels_of_namespace(pod["metadata"]["namespace"]))
+
+    def _cnp_peer_matches(self, peer: dict[str, Any], remote: Endpoint) -> bool:
+        if "networks" in peer:
+            ip = ipaddress.ip_address(remote.ip)
+            return any(ip in ipaddress.ip_network(c) for c in peer["networks"])
+        if "nodes" in peer:
+            return any(
+                remote.ip in addresses and selector_matches(peer["nodes"], labels)
+                for labels, addresses in self.node_addresses
+            )
+        pod = remote.pod
+        if pod is None or pod.get("spec", {}).get("hostNetwork"):
+            return False
+        if "namespaces" in peer:
+            return self._in_namespaces(peer["namespaces"], pod)
+        if "pods" in peer:
+            return self._cnp_subject(peer, pod)
+        return False  # domainNames
+
+    @staticmethod
+    def _cnp_ports_match(protocols: list[dict[str, Any]] | None, conn: Connection) -> bool:
+        if not protocols:
+            return True
+        for entry in protocols:
+            if "destinationNamedPort" in entry:
+                if _named_port_is(conn, entry["destinationNamedPort"]):
+                    return True
+                continue
+            [(proto, attrs)] = entry.items()
+            if proto.upper() != conn.protocol:
+                continue
+            port = attrs["destinationPort"]
+            if "number" in port and port["number"] == conn.port:
+                return True
+            if "range" in port and port["range"]["start"] <= conn.port <= port["range"]["end"]:
+                return True
+        return False
 
     @staticmethod
     def _selects(policy: dict[str, Any], pod: dict[str, Any], ptype: str) -> bool:
@@ -170,7 +282,7 @@ def _in_ip_block(block: dict[str, Any], ip_text: str) -> bool:
 
 def _port_matches(spec: dict[str, Any], conn: Connection) -> bool:
     """Protocol must match; then no port, a number, a range or a name."""
-    dst, protocol, port = conn.dst, conn.protocol, conn.port
+    protocol, port = conn.protocol, conn.port
     if (spec.get("protocol") or "TCP") != protocol:
         return False
     want = spec.get("port")
@@ -178,14 +290,20 @@ def _port_matches(spec: dict[str, Any], conn: Connection) -> bool:
         return True
     if isinstance(want, int):
         return want <= port <= (spec.get("endPort") or want)
-    if dst.pod is None:
+    return _named_port_is(conn, want)
+
+
+def _named_port_is(conn: Connection, name: str) -> bool:
+    """The destination pod declares a port ``name`` with the connection's number and
+    protocol."""
+    if conn.dst.pod is None:
         return False
-    for container in dst.pod.get("spec", {}).get("containers") or []:
+    for container in conn.dst.pod.get("spec", {}).get("containers") or []:
         for cport in container.get("ports") or []:
             if (
-                cport.get("name") == want
-                and (cport.get("protocol") or "TCP") == protocol
-                and cport["containerPort"] == port
+                cport.get("name") == name
+                and (cport.get("protocol") or "TCP") == conn.protocol
+                and cport["containerPort"] == conn.port
             ):
                 return True
     return False

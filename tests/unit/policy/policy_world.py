@@ -4,10 +4,14 @@ independent oracle."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import ipaddress
 from typing import Any
 
 from policy import desired_state, parse_namespace, parse_pod, parse_policy
+from policy.cluster_compiler import NodeAddresses, make_node
+from policy.cluster_policy import parse_cluster_policy
 from policy.explain import explain_connection
 from tests.unit.policy.oracle import Endpoint, Oracle
 from tests.unit.policy.policy_sim import Packet, Simulator
@@ -35,6 +39,15 @@ def pod_dict(
         "spec": {"containers": [container], "hostNetwork": host_network},
         "status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}]},
     }
+
+
+def node_addresses(node: dict[str, Any]) -> NodeAddresses:
+    """A Node dict as ``nodes`` peers see it (its labels and status addresses' IPs)."""
+    ips = []
+    for entry in (node.get("status") or {}).get("addresses") or []:
+        with contextlib.suppress(ValueError):
+            ips.append(str(ipaddress.ip_address(entry["address"])))
+    return make_node(node["metadata"]["name"], node["metadata"].get("labels"), ips)
 
 
 def ns_dict(name: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
@@ -71,19 +84,24 @@ class World:
         pods: list[dict[str, Any]],
         namespaces: list[dict[str, Any]],
         family: int = 4,
+        cluster_policies: list[dict[str, Any]] | None = None,
+        nodes: list[dict[str, Any]] | None = None,
     ) -> None:
         self.pods = {f"{p['metadata']['namespace']}/{p['metadata']['name']}": p for p in pods}
         parsed_pods = [parse_pod(p) for p in pods]
         local = {iface_of(p.namespace, p.name): p for p in parsed_pods if not p.host_network}
+        self.has_tiers = bool(cluster_policies)
         self.state = desired_state(
             [parse_policy(p) for p in policies],
             parsed_pods,
             [parse_namespace(n) for n in namespaces],
             local,
             family,
+            cluster_policies=[parse_cluster_policy(c) for c in cluster_policies or []],
+            nodes=[node_addresses(n) for n in nodes or []],
         )
         self.sim = Simulator(self.state.chains, self.state.ipsets, self.state.members)
-        self.oracle = Oracle(policies, namespaces)
+        self.oracle = Oracle(policies, namespaces, cluster_policies, nodes)
         self.parsed_pods = {p.key: p for p in parsed_pods}
         self.parsed_policies = [parse_policy(p) for p in policies]
         self.parsed_namespaces = {n.name: n for n in map(parse_namespace, namespaces)}
@@ -115,6 +133,8 @@ class World:
         a pair of pods that policy applies to; None for an address outside the pods or
         a hostNetwork pod (explain takes pods, and policy does not select host pods)."""
         pods = [self.parsed_pods.get(src), self.parsed_pods.get(dst)]
+        if self.has_tiers:  # explain does not know ClusterNetworkPolicy yet
+            return None
         if pods[0] is None or pods[1] is None or any(p.host_network for p in pods):
             return None
         verdicts = explain_connection(
