@@ -391,6 +391,7 @@ class Agent:
             "pods": (kinds.POD, None),  # every pod of the cluster: slimmed (slim_pod)
             "namespaces": (kinds.NAMESPACE, None),
             "policies": (kinds.NETWORKPOLICY, None),
+            "clusterpolicies": (kinds.CLUSTERNETWORKPOLICY, None),
             "bgpconfigs": (kinds.BGPCONFIGURATION, None),
             "bgppeers": (kinds.BGPPEER, None),
             "affinities": (kinds.BLOCKAFFINITY, None),

@@ -22,11 +22,15 @@ from felix.calc import PodKey, PolicyCalculator
 from felix.calc.pods import PodResolver
 from policy import DesiredState, PolicyError, parse_namespace, parse_policy
 from policy import Pod as PolicyPod
+from policy.cluster_compiler import NodeAddresses, parse_node
+from policy.cluster_policy import parse_cluster_policy
 from policy.membership import AddressBook, LocalAddress
 
 log = logging.getLogger(__name__)
 
-POLICY_KINDS = ("pods", "namespaces", "policies")  # informers whose objects the pass reads
+# Informers whose objects the pass reads: NetworkPolicy's inputs, then (where the
+# caches hold them) ClusterNetworkPolicies and the Nodes their `nodes` peers select.
+POLICY_KINDS = ("pods", "namespaces", "policies", "clusterpolicies", "nodes")
 
 
 class Cache(Protocol):
@@ -112,7 +116,10 @@ class PolicySync:
         if afresh or self._fresh:
             self._start_afresh()
             self._fresh = False
-            keys = {kind: set(caches[kind].snapshot()) for kind in POLICY_KINDS}
+            keys = {
+                kind: set(caches[kind].snapshot()) if kind in caches else set()
+                for kind in POLICY_KINDS
+            }
             blocks_changed = True
         self._feed_objects(caches, keys)
         if blocks_changed:
@@ -136,9 +143,19 @@ class PolicySync:
         for key in keys["policies"]:
             raw = caches["policies"].get(key)
             self.calc.update_policy(key, self._parse(parse_policy, raw))
+        if keys["clusterpolicies"] and "clusterpolicies" in caches:
+            for key in keys["clusterpolicies"]:
+                raw = caches["clusterpolicies"].get(key)
+                self.calc.update_cluster_policy(key, self._parse(parse_cluster_policy, raw))
+        if keys["nodes"] and "nodes" in caches:
+            self.calc.update_nodes(self._nodes(caches["nodes"]))
         for key in keys["pods"]:
             namespace, _, name = key.partition("/")
             self.resolver.update_pod((namespace, name), caches["pods"].get(key))
+
+    def _nodes(self, cache: Cache) -> tuple[NodeAddresses, ...]:
+        parsed = (self._parse(parse_node, raw) for raw in cache.snapshot().values())
+        return tuple(n for n in parsed if n is not None)
 
     def _feed_endpoints(self, endpoints: Mapping[str, WiredEndpoint]) -> None:
         now = {iface: (e.namespace, e.pod) for iface, e in endpoints.items()}

@@ -286,6 +286,23 @@ class LabCluster(PodLab[PodInfo]):
         with contextlib.suppress(NotFound):
             self.datastore().delete_raw(kinds.NETWORKPOLICY, name, namespace)
 
+    def apply_cluster_policy(self, policy: dict[str, Any]) -> None:
+        """Create or replace a ClusterNetworkPolicy (``metadata`` and ``spec``)."""
+        ds, kind = self.datastore(), kinds.CLUSTERNETWORKPOLICY
+        body = {"apiVersion": kind.api_version, "kind": kind.kind, **policy}
+        try:
+            current = ds.get_raw(kind, policy["metadata"]["name"])
+        except NotFound:
+            ds.create_raw(kind, body)
+            return
+        version = current["metadata"]["resourceVersion"]
+        body["metadata"] = {**policy["metadata"], "resourceVersion": version}
+        ds.replace_raw(kind, body)
+
+    def delete_cluster_policy(self, name: str) -> None:
+        with contextlib.suppress(NotFound):
+            self.datastore().delete_raw(kinds.CLUSTERNETWORKPOLICY, name)
+
     def delete_pod(self, namespace: str, name: str) -> None:
         pod = self.pods.pop(f"{namespace}/{name}")
         self.cni(pod.node, "DEL", pod.container_id, pod.netns, namespace, name)

@@ -27,10 +27,12 @@ addresses (a Node change recompiles the policies that have such a peer).
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 from policy.cluster_policy import (
     Action,
@@ -42,6 +44,7 @@ from policy.cluster_policy import (
     Tier,
     evaluation_order,
 )
+from policy.errors import PolicyError
 from policy.ipsets import IPSetSpec, NetSet
 from policy.matches import (
     NOT_PASSED,
@@ -54,7 +57,7 @@ from policy.matches import (
     address_match,
     port_match,
 )
-from policy.model import IPAddress, Pod, PodSelection, PortSpec
+from policy.model import IPAddress, Pod, PodSelection, PortSpec, _field, _labels, _metadata
 from policy.naming import cluster_policy_chain_name
 from policy.rules import Chain, Rule
 from policy.selectors import LabelSelector
@@ -83,6 +86,26 @@ def make_node(
     return NodeAddresses(
         name, tuple(sorted((labels or {}).items())), tuple(ipaddress.ip_address(i) for i in ips)
     )
+
+
+def parse_node(obj: Any) -> NodeAddresses:
+    """A Node dict as ``nodes`` peers see it: its name, labels and every entry of
+    ``status.addresses`` that is an IP (not a Hostname)."""
+    _, name = _metadata(obj, "node", namespaced=False)
+    try:
+        labels = _labels(obj["metadata"], "metadata.labels")
+        status = _field(obj, "status", dict, "status") or {}
+        ips: list[IPAddress] = []
+        for i, entry in enumerate(_field(status, "addresses", list, "status.addresses") or []):
+            if not isinstance(entry, dict) or not isinstance(entry.get("address"), str):
+                raise PolicyError(
+                    "must be an object with an address", path=f"status.addresses[{i}]"
+                )
+            with contextlib.suppress(ValueError):
+                ips.append(ipaddress.ip_address(entry["address"]))
+    except PolicyError as err:
+        raise PolicyError(err.detail, obj=f"node {name}", path=err.path) from None
+    return NodeAddresses(name, labels, tuple(dict.fromkeys(ips)))
 
 
 def compile_cluster_policy(

@@ -212,6 +212,8 @@ class ClusterTiers:
         direction: str,
     ) -> ClusterTiers:
         policies = list(cluster_policies)
+        if not policies:  # the common case: no sorting, no matching
+            return NO_TIERS
         return cls(
             *(
                 tuple(cluster_policies_for(pod, policies, namespace_labels, direction, tier))

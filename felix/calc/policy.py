@@ -11,7 +11,11 @@ answer, touching only what the change affects:
 - a policy change: the endpoint chains of this node's pods in its namespace, and
   its own chains and sets if a local pod uses it;
 - an endpoint wired or removed: its two chains, and the policies and sets only it
-  used.
+  used;
+- a ClusterNetworkPolicy change: the endpoint chains of this node's pods its subject
+  holds (before or after the change), and its own chains if a local pod uses it;
+  while any exist, a namespace relabel also re-renders that namespace's endpoints
+  (their subjects select namespaces); a Node change recompiles the used ones.
 
 Policies and sets are reference-counted by the endpoints that use them, so a node
 carries only what its pods need, as :func:`policy.desired_state` does.
@@ -36,8 +40,16 @@ from policy import (
     Pod,
     compile_policy,
     endpoint_chains,
+    make_namespace,
     policies_for,
 )
+from policy.cluster_compiler import NodeAddresses, compile_cluster_policy
+from policy.cluster_policy import ClusterNetworkPolicy
+from policy.compiler import ClusterTiers
+
+# Keys of used ClusterNetworkPolicies among the used NetworkPolicies' ("ns/name"): a
+# name has no "/", so "cnp:" + name never collides with one.
+CLUSTER_KEY = "cnp:"
 
 
 class PolicyCalculator:
@@ -49,6 +61,9 @@ class PolicyCalculator:
         self.members = MembershipIndex()
         self._pods: dict[PodKey, Pod] = {}
         self._policies_by_ns: dict[str, dict[str, NetworkPolicy]] = {}
+        self._cluster: dict[str, ClusterNetworkPolicy] = {}
+        self._nodes: tuple[NodeAddresses, ...] = ()
+        self._ns_labels: dict[str, Mapping[str, str]] = {}
         self._endpoints: dict[str, PodKey] = {}  # host interface -> pod
         self._ifaces_of: dict[PodKey, set[str]] = {}
         self._chains: dict[str, tuple[EndpointChains, frozenset[str]]] = {}  # + policies used
@@ -74,6 +89,44 @@ class PolicyCalculator:
 
     def update_namespace(self, name: str, namespace: Namespace | None) -> None:
         self.members.update_namespace(name, namespace)
+        labels = namespace.labels if namespace is not None else None
+        if self._ns_labels.get(name) == labels:
+            return
+        if labels is None:
+            self._ns_labels.pop(name, None)
+        else:
+            self._ns_labels[name] = labels
+        if self._cluster:
+            self._dirty.update(i for i, pod in self._endpoints.items() if pod[0] == name)
+
+    def update_cluster_policy(self, name: str, policy: ClusterNetworkPolicy | None) -> None:
+        """A ClusterNetworkPolicy appeared, changed or (None) went away."""
+        old = self._cluster.get(name)
+        if old == policy:
+            return
+        if policy is None:
+            del self._cluster[name]
+        else:
+            self._cluster[name] = policy
+        key = CLUSTER_KEY + name
+        if policy is not None and key in self._compiled:
+            self._swap_compiled(key, compile_cluster_policy(policy, self.family, self._nodes))
+        self._dirty.update(
+            iface
+            for iface, pod in self._endpoints.items()
+            if any(self._holds(p, pod) for p in (old, policy) if p is not None)
+        )
+
+    def update_nodes(self, nodes: tuple[NodeAddresses, ...]) -> None:
+        """Every Node's labels and addresses (what ``nodes`` peers select)."""
+        ordered = tuple(sorted(nodes, key=lambda n: n.name))
+        if ordered == self._nodes:
+            return
+        self._nodes = ordered
+        for key in [k for k in self._compiled if k.startswith(CLUSTER_KEY)]:
+            policy = self._cluster.get(key.removeprefix(CLUSTER_KEY))
+            if policy is not None:  # else deleted: its users drop it on the next pass
+                self._swap_compiled(key, compile_cluster_policy(policy, self.family, ordered))
 
     def update_policy(self, key: str, policy: NetworkPolicy | None) -> None:
         """A NetworkPolicy (``namespace/name``) appeared, changed or went away."""
@@ -119,6 +172,14 @@ class PolicyCalculator:
         return {i: self._pods[k] for i, k in self._endpoints.items() if k in self._pods}
 
     # -- internals ---------------------------------------------------------------------
+    def _labels_of(self, namespace: str) -> Mapping[str, str]:
+        found = self._ns_labels.get(namespace)
+        return found if found is not None else make_namespace(namespace).labels
+
+    def _holds(self, policy: ClusterNetworkPolicy, key: PodKey) -> bool:
+        pod = self._pods.get(key)
+        return pod is not None and policy.subject.matches(pod, self._labels_of(pod.namespace))
+
     def _build_layout(self) -> tuple[dict[str, Chain], dict[str, IPSetSpec]]:
         chains: dict[str, Chain] = {}
         for iface in sorted(self._chains):
@@ -143,11 +204,18 @@ class PolicyCalculator:
             used: frozenset[str] = frozenset()
             if pod is not None:
                 candidates = list(self._policies_by_ns.get(pod.namespace, {}).values())
-                eps = endpoint_chains(pod, candidates, iface, self.family, self.allow)
+                labels = self._labels_of(pod.namespace)
+                tiers = {
+                    d: ClusterTiers.of(pod, self._cluster.values(), labels, d)
+                    for d in ("ingress", "egress")
+                }
+                eps = endpoint_chains(pod, candidates, iface, self.family, self.allow, tiers)
                 used = frozenset(
                     p.key
                     for direction in ("ingress", "egress")
                     for p in policies_for(pod, candidates, direction)
+                ) | frozenset(
+                    CLUSTER_KEY + p.name for t in tiers.values() for p in (*t.admin, *t.baseline)
                 )
                 self._chains[iface] = (eps, used)
             for policy_key in used - old_used:
@@ -157,7 +225,12 @@ class PolicyCalculator:
 
     def _use(self, key: str) -> None:
         self._policy_users[key] += 1
-        if self._policy_users[key] == 1:
+        if self._policy_users[key] != 1:
+            return
+        if key.startswith(CLUSTER_KEY):
+            cluster = self._cluster[key.removeprefix(CLUSTER_KEY)]
+            self._swap_compiled(key, compile_cluster_policy(cluster, self.family, self._nodes))
+        else:
             namespace = key.split("/", 1)[0]
             policy = self._policies_by_ns[namespace][key]
             self._swap_compiled(key, compile_policy(policy, self.family))

@@ -40,6 +40,13 @@ FEATURES = (
     "namespace-label-change",
     "policy-update",
     "policy-delete",
+    # ClusterNetworkPolicy (issue 19)
+    "cnp-admin-deny-over-np-allow",
+    "cnp-admin-accept-over-np-deny",
+    "cnp-pass",
+    "cnp-baseline",
+    "cnp-named-port",
+    "cnp-networks",
 )
 
 
@@ -85,6 +92,20 @@ def apply(policy: Obj) -> Action:
 
 def delete(ns: str, name: str) -> Action:
     return Action("delete", (ns, name))
+
+
+def apply_cnp(policy: Obj) -> Action:
+    return Action("apply_cnp", (policy,))
+
+
+def delete_cnp(name: str) -> Action:
+    return Action("delete_cnp", (name,))
+
+
+def cnp(name: str, tier: str, priority: int, subject: Obj, **rules: Any) -> Obj:
+    """A ClusterNetworkPolicy; ``rules`` are its ``ingress`` and ``egress`` lists."""
+    spec = {"tier": tier, "priority": priority, "subject": subject, **rules}
+    return {"metadata": {"name": name}, "spec": spec}
 
 
 def label_pod(key: str, **kv: str | None) -> Action:
@@ -475,9 +496,67 @@ CASES: tuple[Case, ...] = (
     Case("target-relabel", ("label-change",), _target_relabel),
 )
 
+
+ADMIN_NAMES = ("no-y-to-xa", "pass-yb", "z-in-80")
+TIER_FEATURES = (
+    "cnp-admin-deny-over-np-allow",
+    "cnp-admin-accept-over-np-deny",
+    "cnp-pass",
+    "cnp-baseline",
+)
+X_A = {"pods": {"namespaceSelector": ns_is("x"), "podSelector": labels(pod="a")}}
+Y_B = {"pods": {"namespaceSelector": ns_is("y"), "podSelector": labels(pod="b")}}
+TCP_80 = [{"tcp": {"destinationPort": {"number": 80}}}]
+
+
+def _cluster_tiers(_: World) -> list[Step]:
+    """The tiers around a NetworkPolicy that admits only namespace y into x."""
+    from_y_rule = {"from": [{"namespaceSelector": ns_is("y")}]}
+    from_y = np("x", "from-y", {"podSelector": {}, "ingress": [from_y_rule]})
+    deny_from_y = {"action": "Deny", "from": [{"namespaces": ns_is("y")}]}
+    deny_y = cnp("no-y-to-xa", "Admin", 10, X_A, ingress=[deny_from_y])
+    pass_yb = cnp("pass-yb", "Admin", 5, X_A, ingress=[{"action": "Pass", "from": [Y_B]}])
+    accept_z = {"action": "Accept", "from": [{"namespaces": ns_is("z")}], "protocols": TCP_80}
+    z_on_80 = cnp("z-in-80", "Admin", 1, {"namespaces": ns_is("x")}, ingress=[accept_z])
+    deny_all = {"action": "Deny", "from": [{"namespaces": {}}]}
+    baseline = cnp("isolate", "Baseline", 1, {"namespaces": {}}, ingress=[deny_all])
+    return [
+        Step("NetworkPolicy: x admits only y", (apply(from_y),)),
+        Step("Admin Deny y -> x/a beats the NetworkPolicy's allow", (apply_cnp(deny_y),)),
+        Step("an earlier Admin Pass hands y/b back to the NetworkPolicy", (apply_cnp(pass_yb),)),
+        Step("Admin Accept z -> x on tcp/80 beats its deny", (apply_cnp(z_on_80),)),
+        Step("Baseline Deny for pods no NetworkPolicy selects (y, z)", (apply_cnp(baseline),)),
+        Step("the NetworkPolicy deleted: x falls to the Baseline too", (delete("x", "from-y"),)),
+        Step("Admin policies deleted", tuple(delete_cnp(n) for n in ADMIN_NAMES)),
+    ]
+
+
+def _cluster_egress(world: World) -> list[Step]:
+    """Egress: a network (one pod's address) and a named port resolved per pod."""
+    to_yc_rule = {"action": "Deny", "to": [{"networks": [f"{world.ip('y/c')}/32"]}]}
+    to_yc = cnp("no-yc", "Admin", 1, {"namespaces": ns_is("x")}, egress=[to_yc_rule])
+    alt_rule = {
+        "action": "Deny",
+        "to": [{"namespaces": ns_is("z")}],
+        "protocols": [{"destinationNamedPort": "alt"}],
+    }
+    alt = cnp("no-alt", "Admin", 2, {"namespaces": {}}, egress=[alt_rule])
+    return [
+        Step("Admin Deny egress from x to y/c's address", (apply_cnp(to_yc),)),
+        Step("Admin Deny egress to z's named port alt", (apply_cnp(alt),)),
+        Step("the network rule deleted", (delete_cnp("no-yc"),)),
+    ]
+
+
+CLUSTER_CASES = (
+    Case("cnp-tiers", TIER_FEATURES, _cluster_tiers),
+    Case("cnp-egress", ("cnp-networks", "cnp-named-port"), _cluster_egress),
+)
+CASES = (*CASES, *CLUSTER_CASES)
+
 # What the integration test runs: a few cases that still cross both directions,
 # Services, named ports and SCTP.
-QUICK = ("default-deny", "named-egress", "target-relabel")
+QUICK = ("default-deny", "named-egress", "target-relabel", "cnp-tiers")
 
 
 def uncovered(cases: tuple[Case, ...] = CASES) -> set[str]:

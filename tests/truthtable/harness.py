@@ -237,6 +237,14 @@ class TruthLab:
         self.world.delete_policy(namespace, name)
         self.cluster.delete_policy(namespace, name)
 
+    def apply_cluster_policy(self, policy: dict[str, Any]) -> None:
+        self.world.apply_cluster_policy(policy)
+        self.cluster.apply_cluster_policy(policy)
+
+    def delete_cluster_policy(self, name: str) -> None:
+        self.world.delete_cluster_policy(name)
+        self.cluster.delete_cluster_policy(name)
+
     def label_pod(self, key: str, labels: dict[str, str | None]) -> None:
         self.world.label_pod(key, labels)
         ns, name = key.split("/")
@@ -252,6 +260,8 @@ class TruthLab:
         for key in list(self.world.policies):
             ns, name = key.split("/")
             self.delete_policy(ns, name)
+        for name in list(self.world.cluster_policies):
+            self.delete_cluster_policy(name)
         assert self.baseline is not None
         pods, namespaces = self.baseline
         for key, labels in pods.items():

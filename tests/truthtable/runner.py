@@ -49,6 +49,8 @@ class Changes(Protocol):
 
     def apply_policy(self, policy: dict[str, Any]) -> None: ...
     def delete_policy(self, namespace: str, name: str) -> None: ...
+    def apply_cluster_policy(self, policy: dict[str, Any]) -> None: ...
+    def delete_cluster_policy(self, name: str) -> None: ...
     def label_pod(self, key: str, labels: dict[str, str | None]) -> None: ...
     def label_namespace(self, name: str, labels: dict[str, str | None]) -> None: ...
 
@@ -59,6 +61,10 @@ def perform(lab: Changes, action: Action) -> None:
         lab.apply_policy(*action.args)
     elif action.kind == "delete":
         lab.delete_policy(*action.args)
+    elif action.kind == "apply_cnp":
+        lab.apply_cluster_policy(*action.args)
+    elif action.kind == "delete_cnp":
+        lab.delete_cluster_policy(*action.args)
     elif action.kind == "label_pod":
         lab.label_pod(*action.args)
     elif action.kind == "label_ns":

@@ -70,6 +70,7 @@ class World:
     namespaces: dict[str, Obj] = field(default_factory=dict)
     pods: dict[str, Obj] = field(default_factory=dict)
     policies: dict[str, Obj] = field(default_factory=dict)
+    cluster_policies: dict[str, Obj] = field(default_factory=dict)
     cluster_ips: dict[str, str] = field(default_factory=dict)
 
     @classmethod
@@ -114,6 +115,12 @@ class World:
     def delete_policy(self, namespace: str, name: str) -> None:
         self.policies.pop(f"{namespace}/{name}", None)
 
+    def apply_cluster_policy(self, policy: Obj) -> None:
+        self.cluster_policies[policy["metadata"]["name"]] = policy
+
+    def delete_cluster_policy(self, name: str) -> None:
+        self.cluster_policies.pop(name, None)
+
     def label_pod(self, key: str, labels: dict[str, str | None]) -> None:
         current = self.pods[key]["metadata"]["labels"]
         for k, v in labels.items():
@@ -149,7 +156,11 @@ class World:
                             yield Cell(src, dst, proto, port, via)
 
     def oracle(self) -> Oracle:
-        return Oracle(list(self.policies.values()), list(self.namespaces.values()))
+        return Oracle(
+            list(self.policies.values()),
+            list(self.namespaces.values()),
+            list(self.cluster_policies.values()),
+        )
 
     def expected(self) -> dict[Cell, bool]:
         """The oracle's verdict for every cell: decided on the pod behind the Service."""

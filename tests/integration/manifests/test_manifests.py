@@ -217,6 +217,10 @@ ALLOWED: dict[str, list[Case]] = {
         *[(v, "pods", True) for v in ("get", "list", "watch", "patch")],
         *[(v, "namespaces", False) for v in ("get", "list", "watch")],
         *[(v, "networkpolicies.networking.k8s.io", True) for v in ("get", "list", "watch")],
+        *[
+            (v, "clusternetworkpolicies.policy.networking.k8s.io", False)
+            for v in ("get", "list", "watch")
+        ],
         ("create", "events", True),
         *[
             (v, f"{r}.crd.tabby.dev", False)

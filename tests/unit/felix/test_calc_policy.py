@@ -1,6 +1,7 @@
 """The incremental policy calculation equals the from-scratch one after any changes.
 
-Random sequences of pod, namespace, policy and local-endpoint changes go into a
+Random sequences of pod, namespace, policy, ClusterNetworkPolicy, Node and
+local-endpoint changes go into a
 :class:`PolicyCalculator` one at a time; at random points, and at the end, its
 chains, set specs and members must equal :func:`policy.desired_state` computed from
 everything that exists at that moment.
@@ -26,7 +27,10 @@ from policy import (
     parse_pod,
     parse_policy,
 )
+from policy.cluster_compiler import NodeAddresses, make_node
+from policy.cluster_policy import ClusterNetworkPolicy, parse_cluster_policy
 from tests.unit.policy.policy_world import np_dict, ns_dict, pod_dict
+from tests.unit.policy.test_cluster_policy_properties import cluster_policy
 from tests.unit.policy.test_policy_properties import (
     LABEL_VALUES,
     NAMED_PORTS,
@@ -80,14 +84,35 @@ def endpoint_change(draw: st.DrawFn) -> tuple[str, Any]:
     return ("endpoint", (iface, pod))
 
 
+@st.composite
+def cluster_policy_change(draw: st.DrawFn) -> tuple[str, Any]:
+    policy = parse_cluster_policy(draw(cluster_policy(draw(st.integers(0, 2)))))
+    if draw(st.integers(0, 4)) == 0:
+        return ("cluster_policy", (policy.name, None))
+    return ("cluster_policy", (policy.name, policy))
+
+
+@st.composite
+def nodes_change(draw: st.DrawFn) -> tuple[str, Any]:
+    """The Nodes as a whole: 10.9.9.9 (a probed outside address) moves between them."""
+    roles = draw(st.lists(st.sampled_from(["a", "b"]), min_size=0, max_size=2))
+    nodes = tuple(make_node(f"n{i}", {"role": r}, [f"10.9.9.{9 + i}"]) for i, r in enumerate(roles))
+    return ("nodes", (None, nodes))
+
+
 # Weighted towards the cheap changes that move pods between sets.
-CHANGES = st.one_of(
-    pod_change(),
-    pod_change(),
-    namespace_change(),
-    namespace_change(),
-    policy_change(),
-    endpoint_change(),
+CHANGES = st.sampled_from(range(9)).flatmap(
+    lambda i: [
+        pod_change(),
+        pod_change(),
+        namespace_change(),
+        namespace_change(),
+        policy_change(),
+        endpoint_change(),
+        cluster_policy_change(),
+        cluster_policy_change(),
+        nodes_change(),
+    ][i]
 )
 
 
@@ -99,14 +124,21 @@ class Everything:
         self.namespaces: dict[str, Namespace] = {}
         self.policies: dict[str, NetworkPolicy] = {}
         self.endpoints: dict[str, PodKey] = {}
+        self.cluster_policies: dict[str, ClusterNetworkPolicy] = {}
+        self.nodes: tuple[NodeAddresses, ...] = ()
 
     def apply(self, calc: PolicyCalculator, change: tuple[str, Any]) -> None:
         kind, (key, value) = change
+        if kind == "nodes":
+            self.nodes = value
+            calc.update_nodes(value)
+            return
         table: dict[Any, Any] = {
             "pod": self.pods,
             "namespace": self.namespaces,
             "policy": self.policies,
             "endpoint": self.endpoints,
+            "cluster_policy": self.cluster_policies,
         }[kind]
         if value is None:
             table.pop(key, None)
@@ -117,7 +149,12 @@ class Everything:
     def from_scratch(self) -> DesiredState:
         local = {i: self.pods[k] for i, k in self.endpoints.items() if k in self.pods}
         return desired_state(
-            self.policies.values(), self.pods.values(), self.namespaces.values(), local
+            self.policies.values(),
+            self.pods.values(),
+            self.namespaces.values(),
+            local,
+            cluster_policies=self.cluster_policies.values(),
+            nodes=self.nodes,
         )
 
 

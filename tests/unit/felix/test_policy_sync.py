@@ -7,6 +7,8 @@ from typing import Any
 from felix.policy_dataplane import ChainRules
 from felix.policy_sync import PolicySync, WiredEndpoint
 from policy import desired_state, parse_namespace, parse_policy
+from policy.cluster_compiler import parse_node
+from policy.cluster_policy import parse_cluster_policy
 from policy.membership import AddressBook, local_address, trusted_pod
 from policy.rules import Chain, Rule
 from tests.unit.policy.policy_world import np_dict, ns_dict, pod_dict
@@ -66,11 +68,17 @@ def from_scratch(caches: dict[str, FakeCache], endpoints: dict[str, WiredEndpoin
         for k, o in caches["pods"].objects.items()
     }
     local = {i: pods[f"{e.namespace}/{e.pod}"] for i, e in endpoints.items()}
+    cluster = caches.get("clusterpolicies")
+    nodes = caches.get("nodes")
     return desired_state(
         [parse_policy(o) for o in caches["policies"].objects.values()],
         pods.values(),
         [parse_namespace(o) for o in caches["namespaces"].objects.values()],
         local,
+        cluster_policies=[parse_cluster_policy(o) for o in cluster.objects.values()]
+        if cluster
+        else (),
+        nodes=[parse_node(o) for o in nodes.objects.values()] if nodes else (),
     )
 
 
@@ -131,3 +139,37 @@ def test_chain_rules_convert_a_chain_object_once() -> None:
     assert convert({a.name: changed})[a.name] != first
     assert convert({}) == {}
     assert convert({a.name: a})[a.name] == first and convert({a.name: a})[a.name] is not first
+
+
+def test_cluster_policies_and_nodes_reach_the_calculation() -> None:
+    """A ClusterNetworkPolicy and a Node change, noted like any informer's, change the
+    answer as the from-scratch computation with them would."""
+    caches = world(pods=3)
+    caches["clusterpolicies"] = FakeCache([])
+    caches["nodes"] = FakeCache([node("n1", "10.9.9.9", {"role": "cp"})])
+    sync = PolicySync("ACCEPT")
+    endpoints = wired("p0", "p1")
+    sync.compute(caches, endpoints, AddressBook, no_fetch)
+    to_cp = [{"nodes": {"matchLabels": {"role": "cp"}}}]
+    deny_cp = {
+        "metadata": {"name": "no-cp"},
+        "spec": {"tier": "Admin", "priority": 1, "subject": {"namespaces": {}},
+                 "egress": [{"action": "Deny", "to": to_cp}]},
+    }  # fmt: skip
+    caches["clusterpolicies"].objects["no-cp"] = deny_cp
+    sync.changed.note("clusterpolicies", "no-cp")
+    state, _ = sync.compute(caches, endpoints, AddressBook, no_fetch)
+    expected = from_scratch(caches, endpoints)
+    assert dict(state.chains) == dict(expected.chains)
+    assert dict(state.members) == dict(expected.members)
+    assert ["10.9.9.9/32"] in [sorted(m) for m in state.members.values()]
+    caches["nodes"].objects["n2"] = node("n2", "10.9.9.10", {"role": "cp"})
+    sync.changed.note("nodes", "n2")
+    state, _ = sync.compute(caches, endpoints, AddressBook, no_fetch)
+    assert ["10.9.9.10/32", "10.9.9.9/32"] in [sorted(m) for m in state.members.values()]
+    assert dict(state.chains) == dict(from_scratch(caches, endpoints).chains)
+
+
+def node(name: str, ip: str, labels: dict[str, str]) -> dict[str, Any]:
+    return {"metadata": {"name": name, "labels": labels},
+            "status": {"addresses": [{"type": "InternalIP", "address": ip}]}}  # fmt: skip

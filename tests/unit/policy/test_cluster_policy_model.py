@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from policy.cluster_compiler import parse_node
 from policy.cluster_policy import (
     ANY_PEER,
     Action,
@@ -149,3 +150,30 @@ def test_invalid_input_names_the_field(obj: Any, path: str) -> None:
         parse_cluster_policy(obj)
     assert refused.value.path == path, str(refused.value)
     assert str(refused.value).startswith("clusternetworkpolicy p: ") or path == "spec"
+
+
+def test_a_node_gives_its_labels_and_ip_addresses() -> None:
+    node = parse_node({
+        "metadata": {"name": "n1", "labels": {"role": "cp"}},
+        "status": {"addresses": [{"type": "Hostname", "address": "n1"},
+                                 {"type": "InternalIP", "address": "172.31.0.11"},
+                                 {"type": "ExternalIP", "address": "fd00::11"}]},
+    })  # fmt: skip
+    assert node.name == "n1" and node.label_items == (("role", "cp"),)
+    assert [str(ip) for ip in node.ips] == ["172.31.0.11", "fd00::11"]
+    assert parse_node({"metadata": {"name": "bare"}}).ips == ()
+
+
+@pytest.mark.parametrize(
+    ("obj", "path"),
+    [
+        ({"metadata": {"name": "n", "labels": {"a": 1}}}, "metadata.labels"),
+        ({"metadata": {"name": "n"}, "status": {"addresses": "x"}}, "status.addresses"),
+        ({"metadata": {"name": "n"}, "status": {"addresses": [{"type": "InternalIP"}]}},
+         "status.addresses[0]"),
+    ],
+)  # fmt: skip
+def test_a_bad_node_names_the_field(obj: Any, path: str) -> None:
+    with pytest.raises(PolicyError) as refused:
+        parse_node(obj)
+    assert refused.value.path == path and str(refused.value).startswith("node n: ")

@@ -85,6 +85,7 @@ def test_compiled_chains_agree_with_the_oracle_on_every_step(case: object) -> No
             list(world.policies.values()),
             list(world.pods.values()),
             list(world.namespaces.values()),
+            cluster_policies=list(world.cluster_policies.values()),
         )
         expected = world.expected()
         for cell, allowed in expected.items():
