@@ -20,6 +20,7 @@ command search `/run/netns` (the node namespace is the one holding the pod's
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 import subprocess
@@ -47,6 +48,7 @@ from policy import (
     parse_pod,
     parse_policy,
 )
+from policy.cluster_policy import ClusterNetworkPolicy, parse_cluster_policy
 from policy.explain import explain_connection
 from tabbyctl.node import load_status, process_running
 from tabbyctl.output import emit_data, emit_table, fail, output_option
@@ -459,21 +461,32 @@ def check_policy(
     policies: Sequence[NetworkPolicy],
     protocol: str,
     port: int,
+    cluster_policies: Sequence[ClusterNetworkPolicy] = (),
 ) -> list[Check]:
     """A connection needs the source's egress and the destination's ingress."""
     target = f"{dst.key}:{port}/{protocol}"
     out = []
-    for v in explain_connection(src, dst, namespaces, policies, protocol, port):
+    verdicts = explain_connection(src, dst, namespaces, policies, protocol, port, cluster_policies)
+    for v in verdicts:
         name = f"policy {v.direction} ({v.subject})"
         if v.allowed:
             out.append(ok(name, f"{src.key} -> {target} allowed: {v.reason}"))
-        else:
+        elif v.tier == "networkpolicy":
             out.append(
                 bad(
                     name,
                     f"{src.key} -> {target} denied: {v.reason}",
                     f"add an {v.direction} rule to {v.policy} for this peer and port "
                     "(kubectl get networkpolicy -o yaml)",
+                )
+            )
+        else:
+            out.append(
+                bad(
+                    name,
+                    f"{src.key} -> {target} denied: {v.reason}",
+                    f"a cluster administrator's policy decides: kubectl get {v.policy} -o yaml "
+                    "(namespace owners cannot override an Admin Deny)",
                 )
             )
     return out
@@ -711,7 +724,14 @@ def _policy_checks(
             policies.append(parse_policy(raw))
         except PolicyError as err:
             broken.append(str(err))
-    checks = check_policy(src, dst, namespaces, policies, port[1], port[0])
+    cluster = []
+    with contextlib.suppress(NotFound):  # no CRD: NetworkPolicy alone decides
+        for raw in ds.list_raw(kinds.CLUSTERNETWORKPOLICY)[0]:
+            try:
+                cluster.append(parse_cluster_policy(raw))
+            except PolicyError as err:
+                broken.append(str(err))
+    checks = check_policy(src, dst, namespaces, policies, port[1], port[0], cluster)
     if broken:
         checks.append(
             Check("policy objects", WARN, f"skipped invalid: {'; '.join(broken)}", "fix them")

@@ -1,9 +1,10 @@
 """`tabbyctl policy explain`: would a connection pass, and which policy decides it.
 
 A connection needs the client's egress and the server's ingress; each direction is
-answered with the deciding policy and rule, or the default that applies (no policy
+answered with the tier (Admin or Baseline ClusterNetworkPolicy, NetworkPolicy, or the
+default), the deciding policy and rule, or the default that applies (no policy
 isolates the pod: allowed). The evaluation is :mod:`policy.explain`, the one
-`tabbyctl diagnose` uses, over the policy compiler's own parsing and policy selection.
+`tabbyctl diagnose` uses, over the policy compilers' own parsing and policy selection.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import click
 from datastore import kinds
 from datastore.errors import NotFound
 from policy import PolicyError, parse_namespace, parse_pod, parse_policy
+from policy.cluster_compiler import NodeAddresses, parse_node
+from policy.cluster_policy import ClusterNetworkPolicy, parse_cluster_policy
 from policy.explain import explain_connection
 from tabbyctl.diagnose import parse_port, split_key
 from tabbyctl.output import emit_data, emit_table, fail, output_option, warn
@@ -22,7 +25,7 @@ from tabbyctl.output import emit_data, emit_table, fail, output_option, warn
 
 @click.group("policy")
 def policy() -> None:
-    """Explain NetworkPolicy decisions."""
+    """Explain NetworkPolicy and ClusterNetworkPolicy decisions."""
 
 
 def _pod(ctx_obj: Any, key: str) -> dict[str, Any]:
@@ -61,13 +64,16 @@ def explain(obj: Any, source: str, target: str, port_text: str, output: str) -> 
             policies.append(parse_policy(raw))
         except PolicyError as err:
             warn(f"skipping invalid policy: {err}")
+    cluster, nodes = _cluster_inputs(obj)
     rows = []
-    for v in explain_connection(src, dst, namespaces, policies, protocol, port):
+    verdicts = explain_connection(src, dst, namespaces, policies, protocol, port, cluster, nodes)
+    for v in verdicts:
         rows.append(
             {
                 "direction": v.direction,
                 "pod": v.subject,
                 "verdict": "allow" if v.allowed else "deny",
+                "tier": v.tier,
                 "decided_by": v.policy or "default (not isolated)",
                 "reason": v.reason,
             }
@@ -87,6 +93,32 @@ def explain(obj: Any, source: str, target: str, port_text: str, output: str) -> 
         return
     emit_table(
         f"{src.key} -> {dst.key} {port}/{protocol}: {'ALLOWED' if allowed else 'DENIED'}",
-        ["DIRECTION", "POD", "VERDICT", "DECIDED BY", "REASON"],
-        [[r["direction"], r["pod"], r["verdict"], r["decided_by"], r["reason"]] for r in rows],
+        ["DIRECTION", "POD", "VERDICT", "TIER", "DECIDED BY", "REASON"],
+        [
+            [r["direction"], r["pod"], r["verdict"], r["tier"], r["decided_by"], r["reason"]]
+            for r in rows
+        ],
     )
+
+
+def _cluster_inputs(obj: Any) -> tuple[list[ClusterNetworkPolicy], list[NodeAddresses]]:
+    """The ClusterNetworkPolicies (none, with a warning, where the CRD is not installed)
+    and the Nodes their ``nodes`` peers select."""
+    try:
+        raw_cluster, _ = obj.datastore.list_raw(kinds.CLUSTERNETWORKPOLICY)
+    except NotFound:
+        warn("ClusterNetworkPolicy is not installed (no CRD): NetworkPolicy only")
+        raw_cluster = []
+    cluster = []
+    for raw in raw_cluster:
+        try:
+            cluster.append(parse_cluster_policy(raw))
+        except PolicyError as err:
+            warn(f"skipping invalid policy: {err}")
+    nodes = []
+    for raw in obj.datastore.list_raw(kinds.NODE)[0] if cluster else []:
+        try:
+            nodes.append(parse_node(raw))
+        except PolicyError as err:
+            warn(f"skipping node: {err}")
+    return cluster, nodes

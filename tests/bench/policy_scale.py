@@ -15,7 +15,11 @@ Standalone, as root: ``.venv/bin/python tests/bench/policy_scale.py``. It measur
    its endpoint chain change, add a policy, remove it again) and each
    ``apply()`` is timed end to end (compile, then the typed messages from the
    state written last, as the agent's policy manager writes them, and the
-   ipset/iptables writes). Reported: p50 and p99 in ms (nearest-rank).
+   ipset/iptables writes). Reported: p50 and p99 in ms (nearest-rank). Then the
+   same number of ClusterNetworkPolicy changes on that node (20 exist first; in
+   rotation one is added, one's port edited, one deleted; each on one team
+   namespace, Admin or Baseline, Deny, Pass or Accept from a team on one port):
+   ``cnp_apply_p99_ms``, to hold against a NetworkPolicy change's.
 2. **Bytes per incremental change versus a full write**: full = bytes of the
    first apply into the empty namespace (every ipset and chain), also checked
    by a forced rewrite (``resync`` after flushing the namespace's filter table
@@ -55,7 +59,7 @@ Everything created (namespaces, the labs, iperf3) is removed at the end, also on
 failure or SIGTERM. The last line printed is exactly (one line)::
 
     policy apply_p99_ms=X incremental_bytes_ratio=Y throughput_ratio=Z
-        cluster_apply_p99_ms=C agent_rss_mib=R
+        cluster_apply_p99_ms=C agent_rss_mib=R cnp_apply_p99_ms=P
 """
 
 from __future__ import annotations
@@ -105,6 +109,7 @@ from policy import (  # noqa: E402
     parse_pod,
     parse_policy,
 )
+from policy.cluster_policy import parse_cluster_policy  # noqa: E402
 from policy.naming import policy_chain_name  # noqa: E402
 
 N_NAMESPACES = 20
@@ -155,6 +160,41 @@ def pod_obj(i: int, rng: random.Random, base: str = "10.244.0.0") -> Obj:
         "spec": {"containers": [{"name": "main", "ports": ports}]},
         "status": {"phase": "Running", "podIP": str(ip), "podIPs": [{"ip": str(ip)}]},
     }
+
+
+CNP_SEEDED = 20  # ClusterNetworkPolicies that exist before the timed CNP changes
+
+
+def cluster_policy_obj(i: int, port_bump: int = 0) -> Obj:
+    """ClusterNetworkPolicy i, deterministic in ``i``: Admin or Baseline, on one team
+    namespace, one rule (Deny, Pass or Accept) from the namespaces of one team on one
+    TCP port; another ``port_bump`` changes only that port."""
+    rng = random.Random(200_000 + i)
+    namespace = _ns_name(rng.randrange(N_NAMESPACES))
+    subject = {"namespaces": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}}
+    rule = {
+        "action": ("Deny", "Pass", "Accept")[i % 3],
+        "from": [{"namespaces": {"matchLabels": {"team": rng.choice(TEAMS)}}}],
+        "protocols": [{"tcp": {"destinationPort": {"number": 2000 + i % 3000 + port_bump}}}],
+    }
+    spec = {"tier": ("Admin", "Baseline")[i % 2], "priority": i % 50, "subject": subject,
+            "ingress": [rule]}  # fmt: skip
+    return {"metadata": {"name": f"cnp-{i:04d}"}, "spec": spec}
+
+
+def cluster_change(world: World, step: int) -> str:
+    """One ClusterNetworkPolicy change, three kinds in rotation: add, edit a port, delete."""
+    kind = step % 3
+    if kind == 0:
+        index = CNP_SEEDED + step
+        world.set_cluster_policy(cluster_policy_obj(index))
+        return f"add cnp-{index:04d}"
+    name = sorted(world.cluster)[step % len(world.cluster)]
+    if kind == 1:
+        world.set_cluster_policy(cluster_policy_obj(int(name[4:]), port_bump=step + 1))
+        return f"port of {name}"
+    world.remove_cluster_policy(name)
+    return f"remove {name}"
 
 
 def policy_obj(i: int, port_bump: int = 0) -> Obj:
@@ -274,6 +314,7 @@ class World:
     pod_objs: dict[str, Obj]
     policies: dict[str, NetworkPolicy]
     local: dict[str, Pod] = field(default_factory=dict)
+    cluster: dict[str, Obj] = field(default_factory=dict)  # ClusterNetworkPolicies
     added: list[str] = field(default_factory=list)
     # The set specs of the last apply: what a remote pod's change can reach.
     active_sets: dict[str, IPSetSpec] = field(default_factory=dict)
@@ -334,6 +375,15 @@ class World:
     def remove_policy(self, key: str) -> None:
         del self.policies[key]
         self.calc.update_policy(key, None)
+
+    def set_cluster_policy(self, obj: Obj) -> None:
+        name = obj["metadata"]["name"]
+        self.cluster[name] = obj
+        self.calc.update_cluster_policy(name, parse_cluster_policy(obj))
+
+    def remove_cluster_policy(self, name: str) -> None:
+        del self.cluster[name]
+        self.calc.update_cluster_policy(name, None)
 
 
 def apply(dp: PolicyDataplane, world: World, *, resync: bool = False) -> tuple[float, int]:
@@ -477,8 +527,8 @@ def count_kernel(ns: str, backend_save: list[str]) -> tuple[int, int, int]:
 
 def bench_apply(
     n_pods: int, n_policies: int, n_changes: int, n_local: int | None = None
-) -> tuple[float, float]:
-    """Parts 1 and 2: returns (apply p99 ms, incremental bytes ratio)."""
+) -> tuple[float, float, float]:
+    """Parts 1 and 2: returns (apply p99 ms, incremental bytes ratio, CNP apply p99 ms)."""
     t0 = time.perf_counter()
     world = World.build(n_pods, n_policies, n_local)
     print(
@@ -507,6 +557,7 @@ def bench_apply(
             times.append(seconds)
             sizes.append(written)
             print(f"  change {step + 1:2d}: {seconds * 1000:7.0f} ms {written:7d} B  {what}")
+        cnp_times = _cluster_changes(dp, world, n_changes)
 
         # Compute alone (no kernel), to split the apply time: compile, then render.
         compile_s, render_s = [], []
@@ -550,7 +601,28 @@ def bench_apply(
         f"incremental bytes: mean {mean_bytes:.0f} B, max {max(sizes)} B; "
         f"full {full_bytes} B (rewrite {rewrite_bytes} B); ratio {ratio:.4f}"
     )
-    return p99, ratio
+    cnp_p50, cnp_p99 = (percentile(cnp_times, q) * 1000 for q in (50, 99))
+    print(
+        f"ClusterNetworkPolicy changes (n={len(cnp_times)}): p50 {cnp_p50:.0f} ms, "
+        f"p99 {cnp_p99:.0f} ms (NetworkPolicy and pod changes above: p50 {p50:.0f}, "
+        f"p99 {p99:.0f} ms)"
+    )
+    return p99, ratio, cnp_p99
+
+
+def _cluster_changes(dp: PolicyDataplane, world: World, n_changes: int) -> list[float]:
+    """CNP_SEEDED ClusterNetworkPolicies applied at once, then n_changes timed ones."""
+    for i in range(CNP_SEEDED):
+        world.set_cluster_policy(cluster_policy_obj(i))
+    seeded_s, _ = apply(dp, world)
+    print(f"{CNP_SEEDED} ClusterNetworkPolicies at once: {seeded_s * 1000:.0f} ms")
+    times = []
+    for step in range(n_changes):
+        what = cluster_change(world, step)
+        seconds, written = apply(dp, world)
+        times.append(seconds)
+        print(f"  cnp change {step + 1:2d}: {seconds * 1000:7.0f} ms {written:7d} B  {what}")
+    return times
 
 
 @dataclass
@@ -967,9 +1039,11 @@ def main() -> int:
         return 2
     signal.signal(signal.SIGTERM, _terminate)
     started = time.monotonic()
-    p99 = bytes_ratio = throughput = cluster_p99 = rss_mib = math.nan
+    p99 = bytes_ratio = throughput = cluster_p99 = rss_mib = cnp_p99 = math.nan
     if opts.only in ("all", "apply"):
-        p99, bytes_ratio = bench_apply(opts.pods, opts.policies, opts.changes, opts.local_pods)
+        p99, bytes_ratio, cnp_p99 = bench_apply(
+            opts.pods, opts.policies, opts.changes, opts.local_pods
+        )
     if opts.only in ("all", "growth"):
         sizes = [int(n) for n in opts.growth.split(",") if n]
         print(
@@ -990,7 +1064,7 @@ def main() -> int:
     print(
         f"policy apply_p99_ms={p99:.0f} incremental_bytes_ratio={bytes_ratio:.4f}"
         f" throughput_ratio={throughput:.3f} cluster_apply_p99_ms={cluster_p99:.0f}"
-        f" agent_rss_mib={rss_mib:.0f}"
+        f" agent_rss_mib={rss_mib:.0f} cnp_apply_p99_ms={cnp_p99:.0f}"
     )
     return 0
 

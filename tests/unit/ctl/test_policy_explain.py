@@ -87,3 +87,51 @@ def test_bad_input_is_a_clear_error() -> None:
     assert code == 2 and "PORT" in out
     code, out = _explain(ctx, "--from", "x/nope", "--to", "y/b", "--port", "80")
     assert code == 2 and "x/nope not found" in out
+
+
+def _cnp(
+    ctx: Context, name: str, tier: str, priority: int, rule: dict[str, Any], on: str = "y"
+) -> None:
+    kind = kinds.CLUSTERNETWORKPOLICY
+    subject = {"namespaces": {"matchLabels": {"kubernetes.io/metadata.name": on}}}
+    spec = {"tier": tier, "priority": priority, "subject": subject, "ingress": [rule]}
+    ctx.datastore.create_raw(
+        kind, {"apiVersion": kind.api_version, "kind": kind.kind, "metadata": {"name": name},
+               "spec": spec}
+    )  # fmt: skip
+
+
+def test_the_tier_that_decides_is_named() -> None:
+    ctx = _world()
+    everyone = [{"namespaces": {}}]
+    _cnp(ctx, "lockdown", "Admin", 10, {"name": "all", "action": "Deny", "from": everyone})
+    code, out = _explain(ctx, "--from", "x/a", "--to", "y/b", "--port", "80/TCP")
+    ingress = next(d for d in out["directions"] if d["direction"] == "ingress")
+    assert code == 0 and out["allowed"] is False
+    assert ingress["tier"] == "admin" and ingress["decided_by"] == "clusternetworkpolicy/lockdown"
+    reason = "ingress[0] (all) of Admin ClusterNetworkPolicy lockdown (priority 10) denies"
+    assert reason in ingress["reason"]
+    # a Pass at a higher precedence hands the decision back to the NetworkPolicy
+    _cnp(ctx, "defer", "Admin", 1, {"action": "Pass", "from": everyone})
+    code, out = _explain(ctx, "--from", "x/a", "--to", "y/b", "--port", "80/TCP")
+    ingress = next(d for d in out["directions"] if d["direction"] == "ingress")
+    assert out["allowed"] is True and ingress["tier"] == "networkpolicy"
+    # the table names the tier too
+    result = CliRunner().invoke(
+        cli, ["policy", "explain", "--from", "x/a", "--to", "y/b", "--port", "80/TCP"], obj=ctx
+    )
+    assert result.exit_code == 0 and "TIER" in result.output and "networkpolicy" in result.output
+
+
+def test_a_baseline_policy_decides_only_where_no_networkpolicy_selects() -> None:
+    ctx = _world()
+    deny_all = {"action": "Deny", "from": [{"namespaces": {}}]}
+    _cnp(ctx, "isolate-x", "Baseline", 1, deny_all, on="x")
+    _cnp(ctx, "isolate-y", "Baseline", 1, deny_all, on="y")
+    _, out = _explain(ctx, "--from", "y/b", "--to", "x/a", "--port", "80/TCP")
+    ingress = next(d for d in out["directions"] if d["direction"] == "ingress")
+    assert out["allowed"] is False and ingress["tier"] == "baseline"  # no NetworkPolicy in x
+    assert ingress["decided_by"] == "clusternetworkpolicy/isolate-x"
+    _, out = _explain(ctx, "--from", "x/a", "--to", "y/b", "--port", "80/TCP")
+    ingress = next(d for d in out["directions"] if d["direction"] == "ingress")
+    assert out["allowed"] is True and ingress["tier"] == "networkpolicy"  # y/only-a selects b

@@ -24,6 +24,7 @@ from felix.wiring import host_ifname_for
 from ipam.block import AllocationBlock
 from ipam.report import Snapshot
 from policy import make_namespace, make_pod, parse_policy
+from policy.cluster_policy import parse_cluster_policy
 from policy.model import ContainerPort
 from tabbyctl.diagnose import (
     FAIL,
@@ -385,3 +386,16 @@ def test_walk_with_a_fake_kernel(ds: Any, tmp_path: Any) -> None:
     assert checks["ipam allocation"] == FAIL  # the memory datastore has no IPAM objects
     assert checks["route on node2"] == SKIP  # no node address annotation
     assert checks["bgp sessions"] == SKIP
+
+
+def test_an_admin_deny_points_at_the_cluster_policy_not_a_networkpolicy_rule() -> None:
+    allow = policy("y", "open", {"podSelector": {}, "ingress": [{}]})
+    admin = parse_cluster_policy({
+        "metadata": {"name": "tenants"},
+        "spec": {"tier": "Admin", "priority": 3, "subject": {"namespaces": {}},
+                 "ingress": [{"action": "Deny", "from": [{"namespaces": {}}]}]},
+    })  # fmt: skip
+    egress, ingress = check_policy(A, B, NAMESPACES, [allow], "TCP", 80, [admin])
+    assert ingress.result == FAIL and "Admin ClusterNetworkPolicy tenants" in ingress.detail
+    assert "clusternetworkpolicy/tenants" in ingress.fix and "networkpolicy -o" not in ingress.fix
+    assert egress.result == OK  # the policy has no egress rules

@@ -90,15 +90,16 @@ class World:
         self.pods = {f"{p['metadata']['namespace']}/{p['metadata']['name']}": p for p in pods}
         parsed_pods = [parse_pod(p) for p in pods]
         local = {iface_of(p.namespace, p.name): p for p in parsed_pods if not p.host_network}
-        self.has_tiers = bool(cluster_policies)
+        self.parsed_cluster = [parse_cluster_policy(c) for c in cluster_policies or []]
+        self.parsed_nodes = [node_addresses(n) for n in nodes or []]
         self.state = desired_state(
             [parse_policy(p) for p in policies],
             parsed_pods,
             [parse_namespace(n) for n in namespaces],
             local,
             family,
-            cluster_policies=[parse_cluster_policy(c) for c in cluster_policies or []],
-            nodes=[node_addresses(n) for n in nodes or []],
+            cluster_policies=self.parsed_cluster,
+            nodes=self.parsed_nodes,
         )
         self.sim = Simulator(self.state.chains, self.state.ipsets, self.state.members)
         self.oracle = Oracle(policies, namespaces, cluster_policies, nodes)
@@ -133,12 +134,17 @@ class World:
         a pair of pods that policy applies to; None for an address outside the pods or
         a hostNetwork pod (explain takes pods, and policy does not select host pods)."""
         pods = [self.parsed_pods.get(src), self.parsed_pods.get(dst)]
-        if self.has_tiers:  # explain does not know ClusterNetworkPolicy yet
-            return None
         if pods[0] is None or pods[1] is None or any(p.host_network for p in pods):
             return None
         verdicts = explain_connection(
-            pods[0], pods[1], self.parsed_namespaces, self.parsed_policies, proto, port
+            pods[0],
+            pods[1],
+            self.parsed_namespaces,
+            self.parsed_policies,
+            proto,
+            port,
+            self.parsed_cluster,
+            self.parsed_nodes,
         )
         return all(v.allowed for v in verdicts)
 
