@@ -17,7 +17,13 @@ from datastore import kinds
 from datastore.errors import NotFound
 from policy import PolicyError, parse_namespace, parse_pod, parse_policy
 from policy.cluster_compiler import NodeAddresses, parse_node
-from policy.cluster_policy import ClusterNetworkPolicy, parse_cluster_policy
+from policy.cluster_policy import (
+    ClusterNetworkPolicy,
+    Tier,
+    evaluation_order,
+    parse_cluster_policy,
+    priority_ties,
+)
 from policy.explain import explain_connection
 from tabbyctl.diagnose import parse_port, split_key
 from tabbyctl.output import emit_data, emit_table, fail, output_option, warn
@@ -101,7 +107,72 @@ def explain(obj: Any, source: str, target: str, port_text: str, output: str) -> 
     )
 
 
-def _cluster_inputs(obj: Any) -> tuple[list[ClusterNetworkPolicy], list[NodeAddresses]]:
+@policy.command("list")
+@output_option
+@click.pass_obj
+def list_policies(obj: Any, output: str) -> None:
+    """Every policy in the order a connection meets them: Admin ClusterNetworkPolicies by
+    priority, NetworkPolicies, Baseline ClusterNetworkPolicies; equal priorities in one
+    tier are reported (the API leaves their order open: Tabby applies them by name)."""
+    cluster, _ = _cluster_inputs(obj, with_nodes=False)
+    ordered = evaluation_order(cluster)
+    rows = [_cluster_row(p) for p in ordered if p.tier is Tier.ADMIN]
+    for raw in sorted(
+        obj.datastore.list_raw(kinds.NETWORKPOLICY)[0],
+        key=lambda r: (r["metadata"]["namespace"], r["metadata"]["name"]),
+    ):
+        rows.append(_networkpolicy_row(raw))
+    rows += [_cluster_row(p) for p in ordered if p.tier is Tier.BASELINE]
+    shared = priority_ties(cluster)
+    ties: list[dict[str, Any]] = [
+        {"tier": tier.value, "priority": priority, "policies": names}
+        for (tier, priority), names in shared.items()
+    ]
+    if output != "table":
+        emit_data({"policies": rows, "ties": ties}, output)
+        return
+    emit_table(
+        None,
+        ["TIER", "PRIORITY", "NAME", "INGRESS RULES", "EGRESS RULES"],
+        [[r["tier"], r["priority"], r["name"], r["ingress"], r["egress"]] for r in rows],
+    )
+    for tie in ties:
+        warn(
+            f"{tie['tier']} priority {tie['priority']} is shared by "
+            f"{', '.join(tie['policies'])}: Tabby applies them in that (name) order; give "
+            "each its own priority if the order matters"
+        )
+
+
+def _cluster_row(policy: ClusterNetworkPolicy) -> dict[str, Any]:
+    return {
+        "tier": policy.tier.value,
+        "priority": policy.priority,
+        "name": policy.name,
+        "ingress": len(policy.ingress),
+        "egress": len(policy.egress),
+    }
+
+
+def _networkpolicy_row(raw: dict[str, Any]) -> dict[str, Any]:
+    """A NetworkPolicy's row: its rule counts ("-": the direction is not isolated), or
+    "invalid" (the agents skip it too)."""
+    meta = raw["metadata"]
+    name = f"{meta['namespace']}/{meta['name']}"
+    row: dict[str, Any] = {"tier": "NetworkPolicy", "priority": None, "name": name}
+    try:
+        parsed = parse_policy(raw)
+    except PolicyError as err:
+        warn(f"invalid policy, skipped by the agents: {err}")
+        return {**row, "ingress": "invalid", "egress": "invalid"}
+    row["ingress"] = "-" if parsed.ingress is None else len(parsed.ingress)
+    row["egress"] = "-" if parsed.egress is None else len(parsed.egress)
+    return row
+
+
+def _cluster_inputs(
+    obj: Any, with_nodes: bool = True
+) -> tuple[list[ClusterNetworkPolicy], list[NodeAddresses]]:
     """The ClusterNetworkPolicies (none, with a warning, where the CRD is not installed)
     and the Nodes their ``nodes`` peers select."""
     try:
@@ -116,7 +187,7 @@ def _cluster_inputs(obj: Any) -> tuple[list[ClusterNetworkPolicy], list[NodeAddr
         except PolicyError as err:
             warn(f"skipping invalid policy: {err}")
     nodes = []
-    for raw in obj.datastore.list_raw(kinds.NODE)[0] if cluster else []:
+    for raw in obj.datastore.list_raw(kinds.NODE)[0] if cluster and with_nodes else []:
         try:
             nodes.append(parse_node(raw))
         except PolicyError as err:

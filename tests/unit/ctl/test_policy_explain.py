@@ -135,3 +135,27 @@ def test_a_baseline_policy_decides_only_where_no_networkpolicy_selects() -> None
     _, out = _explain(ctx, "--from", "x/a", "--to", "y/b", "--port", "80/TCP")
     ingress = next(d for d in out["directions"] if d["direction"] == "ingress")
     assert out["allowed"] is True and ingress["tier"] == "networkpolicy"  # y/only-a selects b
+
+
+def test_policy_list_orders_the_tiers_and_reports_ties() -> None:
+    ctx = _world()
+    deny = {"action": "Deny", "from": [{"namespaces": {}}]}
+    _cnp(ctx, "b-second", "Admin", 5, deny)
+    _cnp(ctx, "a-first", "Admin", 5, deny)
+    _cnp(ctx, "early", "Admin", 1, deny)
+    _cnp(ctx, "floor", "Baseline", 0, deny)
+    result = CliRunner().invoke(cli, ["policy", "list", "-o", "json"], obj=ctx)
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.output)
+    assert [(r["tier"], r["name"]) for r in out["policies"]] == [
+        ("Admin", "early"),
+        ("Admin", "a-first"),
+        ("Admin", "b-second"),
+        ("NetworkPolicy", "y/only-a"),
+        ("Baseline", "floor"),
+    ]
+    assert out["policies"][3]["ingress"] == 1 and out["policies"][3]["egress"] == "-"
+    assert out["ties"] == [{"tier": "Admin", "priority": 5, "policies": ["a-first", "b-second"]}]
+    table = CliRunner().invoke(cli, ["policy", "list"], obj=ctx)
+    assert table.exit_code == 0 and "y/only-a" in table.output
+    assert "Admin priority 5 is shared by a-first, b-second" in table.output

@@ -19,6 +19,7 @@ from tests.unit.policy.test_policy_properties import (
     POD_SELECTORS,
     PORT_NAMES,
     PROBES,
+    check_every_pair,
     worlds,
 )
 
@@ -123,18 +124,7 @@ def test_tiered_chains_agree_with_the_oracle(
 ) -> None:
     nps, pods, namespaces, cnps = world
     w = World(nps, pods, namespaces, cluster_policies=cnps, nodes=NODES)
-    for chain in w.state.chains.values():  # every referenced chain and set exists
-        assert chain.jump_targets() <= set(w.state.chains)
-        for rule in chain.rules:
-            sets = [rule.match[i + 1] for i, t in enumerate(rule.match) if t == "--match-set"]
-            assert set(sets) <= set(w.state.ipsets)
-    names = [f"{p['metadata']['namespace']}/{p['metadata']['name']}" for p in pods]
-    for src in names + OUTSIDE:
-        for dst in names + OUTSIDE:
-            if src == dst or (src in OUTSIDE and dst in OUTSIDE):
-                continue
-            for proto, port in PROBES:
-                w.verdict(src, dst, proto, port)
+    check_every_pair(w, pods, OUTSIDE)
 
 
 @settings(max_examples=100, deadline=None)

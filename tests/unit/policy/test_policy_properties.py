@@ -195,16 +195,22 @@ NAMED_PORTS = st.dictionaries(st.sampled_from(PORT_NAMES), st.sampled_from(PROBE
 def check_all_pairs(world: tuple[list[Any], list[Any], list[Any]]) -> None:
     """Every ordered pair of distinct endpoints, every probe: simulator == oracle."""
     pols, pods, namespaces = world
-    w = World(pols, pods, namespaces)
-    for chain in w.state.chains.values():  # every referenced chain and set exists
+    check_every_pair(World(pols, pods, namespaces), pods, EXTERNALS)
+
+
+def check_every_pair(w: World, pods: list[Any], outside: list[str]) -> None:
+    """Every referenced chain and set exists; then for every ordered pair of distinct
+    endpoints (pods, and addresses ``outside`` them) and every probe, the chains, the
+    oracle and the explanation agree (:meth:`World.verdict`)."""
+    for chain in w.state.chains.values():
         assert chain.jump_targets() <= set(w.state.chains)
         for rule in chain.rules:
             sets = [rule.match[i + 1] for i, t in enumerate(rule.match) if t == "--match-set"]
             assert set(sets) <= set(w.state.ipsets)
     names = [f"{p['metadata']['namespace']}/{p['metadata']['name']}" for p in pods]
-    for src in names + EXTERNALS:
-        for dst in names + EXTERNALS:
-            if src == dst or (src in EXTERNALS and dst in EXTERNALS):
+    for src in names + outside:
+        for dst in names + outside:
+            if src == dst or (src in outside and dst in outside):
                 continue
             for proto, port in PROBES:
                 w.verdict(src, dst, proto, port)
