@@ -54,10 +54,21 @@ from policy.matches import (
     SET_PASS,
     CompiledPolicy,
     Compiling,
+    add_set,
     address_match,
+    peer_match,
     port_match,
 )
-from policy.model import IPAddress, Pod, PodSelection, PortSpec, _field, _labels, _metadata
+from policy.model import (
+    IPAddress,
+    IPBlock,
+    Pod,
+    PodSelection,
+    PortSpec,
+    _field,
+    _labels,
+    _metadata,
+)
 from policy.naming import cluster_policy_chain_name
 from policy.rules import Chain, Rule
 from policy.selectors import LabelSelector
@@ -82,7 +93,7 @@ class NodeAddresses:
 def make_node(
     name: str, labels: Mapping[str, str] | None = None, ips: Iterable[str] = ()
 ) -> NodeAddresses:
-    """Convenience constructor from plain values (tests, the agent's Node reader)."""
+    """Convenience constructor from plain values (tests; the agent uses parse_node)."""
     return NodeAddresses(
         name, tuple(sorted((labels or {}).items())), tuple(ipaddress.ip_address(i) for i in ips)
     )
@@ -161,12 +172,10 @@ def _peer_matches(
     ctx: Compiling, peer: ClusterPeer, port: PortSpec | None, nodes: tuple[NodeAddresses, ...]
 ) -> list[tuple[str, ...]]:
     """Address matches for one peer in this family; [] when it can match nothing."""
-    flag = "-s" if ctx.side == "src" else "-d"
     if isinstance(peer, PodSelection):
         return [address_match(ctx, peer, port)]
-    if isinstance(peer, Networks):
-        cidrs = [c for c in peer.cidrs if c.version == ctx.family]
-        return [() if c.prefixlen == 0 else (flag, str(c)) for c in cidrs]
+    if isinstance(peer, Networks):  # each CIDR as an ipBlock without excepts
+        return [peer_match(ctx, IPBlock(c)) for c in peer.cidrs if c.version == ctx.family]
     if isinstance(peer, NodeSelection):
         ips = sorted(
             {ip for n in nodes if n.selected_by(peer.selector) for ip in n.ips
@@ -176,9 +185,8 @@ def _peer_matches(
             return []
         prefix = 32 if ctx.family == 4 else 128
         nets = tuple(ipaddress.ip_network(f"{ip}/{prefix}") for ip in ips)
-        spec = NetSet(ctx.family, nets)
-        ctx.sets[spec.name] = spec
-        return [("-m", "set", "--match-set", spec.name, ctx.side)]
+        name = add_set(ctx.sets, NetSet(ctx.family, nets))
+        return [("-m", "set", "--match-set", name, ctx.side)]
     return []  # domainNames: not implemented, matches nothing
 
 
