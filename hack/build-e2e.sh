@@ -9,6 +9,13 @@
 #   cyclonus         github.com/mattfenwick/cyclonus, the generated-case suite
 #   ginkgo           the ginkgo CLI (the version the e2e tree pins), to run the e2e
 #                    binary with parallel processes and write JSON/JUnit reports
+#   npapi-conformance-<version>-<source hash>.test
+#                    the network-policy-api conformance profiles (ClusterNetworkPolicy)
+#                    of the pinned sigs.k8s.io/network-policy-api, from a thin test
+#                    package of ours (hack/go/npapi-conformance) that embeds a copy of
+#                    the module's base manifests plus a variant without SCTP servers;
+#                    NPAPI_SCTP_PROBES=skip (sctp-probes.patch) logs SCTP probes
+#                    instead of running them
 # Binaries land in a cache folder keyed by version, rebuilt only when missing.
 # Shares GOCACHE with hack/build-k8s.sh: warm ~20 s, cold ~4 min on 2 cores.
 #
@@ -23,6 +30,7 @@ set -euo pipefail
 K8S_VERSION=v1.36.3
 CYCLONUS_VERSION=v0.5.6
 GINKGO_VERSION=v2.28.1  # hack/go/kubernetes/go.mod's github.com/onsi/ginkgo/v2
+NPAPI_VERSION=v0.3.0    # hack/go/npapi-conformance/go.mod's, and hack/gen-cnp-crd.sh's
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/.." && pwd)
 cache=${TABBY_CACHE_DIR:-$repo/.cache}
@@ -76,11 +84,46 @@ build_ginkgo() {
     "github.com/onsi/ginkgo/v2/ginkgo@$GINKGO_VERSION"
 }
 
+build_npapi_conformance() {
+  log "building the network-policy-api $NPAPI_VERSION conformance suite"
+  local work=$cache/build/npapi-conformance-$NPAPI_VERSION
+  rm -rf "$work"
+  mkdir -p "$work"
+  cp "$here"/go/npapi-conformance/{go.mod,go.sum,*.go} "$work"/
+  local info dir
+  info=$(cd "$work" && GOFLAGS=-mod=mod go mod download -json "sigs.k8s.io/network-policy-api@$NPAPI_VERSION")
+  dir=$(printf '%s' "$info" | python3 -c "import json,sys; print(json.load(sys.stdin)['Dir'])")
+  # The module, with one change that only NPAPI_SCTP_PROBES=skip turns on: an SCTP
+  # probe is logged instead of run (lab/conformance.py uses it where the kernel has no
+  # SCTP sockets, in a second run beside the unchanged one).
+  cp -r "$dir" "$work/npapi"
+  chmod -R u+w "$work/npapi"
+  patch -s -p1 -d "$work/npapi" < "$here/go/npapi-conformance/sctp-probes.patch"
+  (cd "$work" && go mod edit -replace "sigs.k8s.io/network-policy-api=./npapi")
+  cp -r "$work/npapi/conformance/base" "$work/base"
+  # agnhost porter exits when it cannot open an SCTP socket: this variant renames the
+  # SCTP servers' variables so that those containers run and serve nothing.
+  sed 's/SERVE_SCTP_PORT_/NO_SCTP_SOCKETS_SERVE_SCTP_PORT_/' "$work/base/manifests.yaml" \
+    > "$work/base/manifests-no-sctp.yaml"
+  if ! grep -q NO_SCTP_SOCKETS_ "$work/base/manifests-no-sctp.yaml"; then
+    log "no SCTP server found in $NPAPI_VERSION's base manifests: update this script"
+    exit 1
+  fi
+  (cd "$work" && GOFLAGS=-mod=mod go test -c -vet=off -trimpath -ldflags "-s -w" \
+      -o "$npapi_bin" .)
+  rm -rf "$work"
+}
+
+# The suite's binary is named by the module's version and our package's content.
+npapi_src=$(cat "$here"/go/npapi-conformance/* | sha256sum | cut -c1-10)
+npapi_bin=$bindir/npapi-conformance-$NPAPI_VERSION-$npapi_src.test
+
 start=$(date +%s)
 [[ -x $bindir/e2e-network.test ]] || build_network_e2e
 [[ -x $bindir/cyclonus ]] || build_cyclonus
 [[ -x $bindir/ginkgo ]] || build_ginkgo
+[[ -x $npapi_bin ]] || build_npapi_conformance
 printf '%s\n' "kubernetes-e2e=$K8S_VERSION" "cyclonus=$CYCLONUS_VERSION" "ginkgo=$GINKGO_VERSION" \
-  > "$bindir/VERSIONS"
+  "network-policy-api=$NPAPI_VERSION" > "$bindir/VERSIONS"
 log "binaries ready in $(( $(date +%s) - start ))s: $bindir"
 echo "$bindir"

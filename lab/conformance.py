@@ -11,6 +11,10 @@ peer); Tabby must pass every spec the peer passes. This module brings up a 3-nod
 the peer's lab for its Services run, and writes docs/conformance.md plus the JUnit and
 JSON reports under build/conformance/.
 
+The network-policy-api conformance suite (hack/go/npapi-conformance) judges
+ClusterNetworkPolicy: its ClusterNetworkPolicy profile with the NamedPorts and
+EgressNodePeers features, and the suite's own YAML report.
+
 `--policy kube-network-policies` runs the same suites with Tabby's policy engine off
 and sig-network's reference implementation enforcing instead: when both give the same
 pass list, no result can be blamed on the harness.
@@ -79,7 +83,29 @@ CYCLONUS_MODE_EXCLUDES: dict[str, dict[str, str]] = {
     },
 }
 POLICIES = ("tabby", "kube-network-policies")
-SUITES = ("all", "e2e", "cyclonus", "services")
+SUITES = ("all", "e2e", "cyclonus", "services", "cnp")
+# The network-policy-api conformance suite (hack/go/npapi-conformance): the
+# ClusterNetworkPolicy profile with every experimental feature Tabby implements.
+NPAPI_SUITE = "network-policy-api ClusterNetworkPolicy"
+NPAPI_PROFILE = "ClusterNetworkPolicy"
+NPAPI_FEATURES = ("ClusterNetworkPolicyNamedPorts", "ClusterNetworkPolicyEgressNodePeers")
+# The suite's base manifests without SCTP servers (agnhost porter exits when it cannot
+# open an SCTP socket, and the base pods would never be Ready); built by build-e2e.sh.
+NPAPI_NO_SCTP_BASE = "base/manifests-no-sctp.yaml"
+NPAPI_REPORT = "npapi-report.yaml"
+# Why `--policy kube-network-policies` runs no ClusterNetworkPolicy suite.
+KNP_NO_CNP = (
+    "kube-network-policies v0.8.0 (the newest release on the module proxy) implements the "
+    "v1alpha1 AdminNetworkPolicy API, not ClusterNetworkPolicy v1beta1, so it cannot "
+    "validate this harness; the suite runs with --policy tabby only"
+)
+# v0.3.0's tests about SCTP alone (their ShortNames): reported skipped without SCTP.
+NPAPI_SCTP_TESTS = (
+    "CNPAdminTierEgressSCTP",
+    "CNPAdminTierIngressSCTP",
+    "CNPBaselineTierEgressSCTP",
+    "CNPBaselineTierIngressSCTP",
+)
 # The Services comparison: upstream's Service specs and every sig-network conformance
 # spec (EndpointSlices, proxy, HostPort, Networking Granular Checks, ...).
 SERVICES_FOCUS = r"\[sig-network\] Services |\[sig-network\].*\[Conformance\]"
@@ -150,6 +176,8 @@ class SuiteRun:
     changes: list[PolicyChange] = field(default_factory=list)
     error: str = ""
     notes: list[str] = field(default_factory=list)
+    report: str = ""  # a report the suite writes itself (network-policy-api's YAML)
+    output: str = field(default="", repr=False)  # what the suite printed (go test -v)
 
     def count(self, state: str) -> int:
         return sum(1 for c in self.cases if c.state == state)
@@ -175,6 +203,101 @@ def go_quote_meta(text: str) -> str:
     """Go's regexp.QuoteMeta: ginkgo's --focus is RE2, where Python's re.escape output
     (an escaped space, say) is an invalid escape."""
     return re.sub(r"([\\.+*?()|\[\]{}^$])", r"\\\1", text)
+
+
+# -- go test output (the network-policy-api suite) ---------------------------------------------
+_GO_RESULT = re.compile(r"^\s*--- (PASS|FAIL|SKIP): (\S+) \(([\d.]+)s\)\s*$")
+_GO_RUN = re.compile(r"^=== (?:RUN|CONT|NAME)\s+(\S+)\s*$")
+_GO_STATES = {"PASS": "passed", "FAIL": "failed", "SKIP": "skipped"}
+_SCTP_NOT_RUN = "SCTP probe not run (NPAPI_SCTP_PROBES=skip)"  # sctp-probes.patch's log
+# testify's failure fields worth a report cell, in the order they are looked for.
+_TESTIFY_FIELDS = ("Error:", "Messages:")
+
+
+def parse_go_test_verbose(
+    text: str, suite: str, root: str, sctp_reason: str | None = None
+) -> list[CaseResult]:
+    """Every leaf (sub)test under *root* from ``go test -v`` output, with its state and,
+    for a failure, the first testify ``Error:``/``Messages:`` lines logged under it.
+
+    Only leaves are counted: a test with subtests passes or fails through them. Names
+    are shown without *root*'s prefix and with Go's ``_`` turned back into spaces. With
+    *sctp_reason* (the kernel has no SCTP sockets), a failure whose only failed probes
+    were SCTP ones gets the state ``kernel`` and that reason."""
+    results: dict[str, tuple[str, float]] = {}
+    logs: dict[str, list[str]] = {}
+    current = ""
+    for line in text.splitlines():
+        run = _GO_RUN.match(line)
+        if run:
+            current = run.group(1)
+            continue
+        result = _GO_RESULT.match(line)
+        if result:
+            state, name, seconds = result.groups()
+            results[name] = (_GO_STATES[state], float(seconds))
+            continue
+        if current:
+            logs.setdefault(current, []).append(line.strip())
+    prefix = root + "/"
+    names = [n for n in results if n.startswith(prefix)]
+    leaves = [n for n in names if not any(o.startswith(n + "/") for o in names)]
+    cases = []
+    for name in sorted(leaves):
+        state, seconds = results[name]
+        reason = _failure_reason(logs.get(name, [])) if state == "failed" else ""
+        if state == "failed" and sctp_reason and _sctp_only(logs.get(name, [])):
+            state, reason = "kernel", f"only SCTP probes failed: {sctp_reason}"
+        if state == "skipped":
+            reason = _skip_message(logs.get(name, []))
+        elif state == "passed" and (left := _count(logs.get(name, []), _SCTP_NOT_RUN)):
+            reason = f"{left} SCTP probes not run"
+        elif state == "passed" and _listed_skip(logs.get(name, [])):
+            # upstream's SkipTests: the test returns at once, which go test calls a pass
+            state = "skipped"
+            reason = f"kernel: {sctp_reason}" if sctp_reason else "listed in -skip-tests"
+        shown = name[len(prefix) :].replace("_", " ")
+        cases.append(CaseResult(suite, shown, state, seconds, reason))
+    return cases
+
+
+def _failure_reason(log_lines: list[str]) -> str:
+    found = []
+    for i, line in enumerate(log_lines):
+        for key in _TESTIFY_FIELDS:
+            if line.startswith(key):
+                following = log_lines[i + 1] if i + 1 < len(log_lines) else ""
+                text = line[len(key) :].strip()
+                if following and not following.endswith(":") and ":" not in following[:16]:
+                    text += " " + following
+                found.append(f"{key} {text}".strip())
+    return _first_line(" / ".join(found[:2]) or "failed (no testify message logged)", 300)
+
+
+def _count(log_lines: list[str], text: str) -> int:
+    return sum(1 for line in log_lines if text in line)
+
+
+def _listed_skip(log_lines: list[str]) -> bool:
+    """The suite's own ``Skipping <ShortName>`` log line of a test in -skip-tests."""
+    return any(re.match(r"^suite\.go:\d+: Skipping \w+$", line) for line in log_lines)
+
+
+def _skip_message(log_lines: list[str]) -> str:
+    """go test -v logs a t.Skip's message as ``file.go:NN: message``."""
+    for line in log_lines:
+        if re.match(r"^\S+\.go:\d+: ", line):
+            return _first_line(line.split(": ", 1)[1])
+    return "skipped by the suite (no message)"
+
+
+_FAILED_COMMAND = re.compile(r"FAILED Command was \[(.*)\]")
+
+
+def _sctp_only(log_lines: list[str]) -> bool:
+    """Every probe that failed under this subtest was an SCTP one."""
+    commands = [m.group(1) for line in log_lines if (m := _FAILED_COMMAND.search(line))]
+    return bool(commands) and all("--protocol=sctp" in c for c in commands)
 
 
 # -- the e2e Netpol suite (ginkgo JSON report) -------------------------------------------------
@@ -372,14 +495,15 @@ def services_comparison(runs: Sequence[SuiteRun]) -> PassListComparison | None:
 
 
 def run_succeeded(runs: Sequence[SuiteRun]) -> bool:
-    """The exit status's verdict: the NetworkPolicy suites fail nothing; the Services
+    """The exit status's verdict: the policy suites fail nothing Tabby is to blame for; the Services
     runs completed and Tabby passes every spec the peer passes (a spec the lab breaks
     for both CNIs is reported, not held against Tabby)."""
     if not runs or any(r.error for r in runs):
         return False
     services = [r for r in runs if r.suite.startswith("e2e Services")]
     others = [r for r in runs if r not in services]
-    if any(r.exit_code != 0 or r.count("failed") for r in others):
+    # A suite with failures the kernel explains (no SCTP sockets) exits non-zero.
+    if any((r.exit_code != 0 and not r.count("kernel")) or r.count("failed") for r in others):
         return False
     if not services:
         return True
@@ -442,11 +566,23 @@ def _totals_table(runs: Iterable[SuiteRun]) -> list[str]:
         "| Suite | Passed | Failed | Skipped | Time | Exit |",
         "|---|---:|---:|---:|---:|---:|",
     ]
+    kernel = False
     for r in runs:
+        failed = str(r.count("failed"))
+        if r.count("kernel"):
+            failed += f" (+{r.count('kernel')} kernel)"
+            kernel = True
         lines.append(
-            f"| {r.suite} | {r.count('passed')} | {r.count('failed')} | {r.count('skipped')} "
+            f"| {r.suite} | {r.count('passed')} | {failed} | {r.count('skipped')} "
             f"| {r.seconds / 60:.1f} min | {r.exit_code} |"
         )
+    if kernel:
+        lines += [
+            "",
+            '"kernel": subtests whose only failed probes are SCTP probes, which this '
+            "machine's kernel cannot open (the suite stops a subtest at its first failed "
+            "probe, so its later probes did not run).",
+        ]
     return [*lines, ""]
 
 
@@ -511,8 +647,10 @@ def _suite_section(run: SuiteRun) -> list[str]:
     lines += [*(f"- {note}" for note in run.notes), *([""] if run.notes else [])]
     if run.error:
         lines += [f"**Did not complete:** {run.error}", ""]
+    if run.report:
+        lines += ["The suite's own report:", "", "```yaml", run.report.rstrip(), "```", ""]
     lines += ["| State | Case | Time | Reason |", "|---|---|---:|---|"]
-    order = {"failed": 0, "skipped": 1, "passed": 2}
+    order = {"failed": 0, "kernel": 1, "skipped": 2, "passed": 3}
     for c in sorted(run.cases, key=lambda c: (order.get(c.state, 0), c.name)):
         seconds = f"{c.seconds:.0f} s" if c.seconds else ""
         lines.append(f"| {c.state} | {_md_cell(c.name)} | {seconds} | {_md_cell(c.reason)} |")
@@ -650,6 +788,115 @@ def run_cyclonus(
     return run
 
 
+def npapi_binary(bin_dir: Path) -> Path:
+    """The network-policy-api suite hack/build-e2e.sh built last (named by the module's
+    version and the hash of hack/go/npapi-conformance)."""
+    found = list(bin_dir.glob("npapi-conformance-*.test"))
+    if not found:
+        raise FileNotFoundError(f"no npapi-conformance-*.test in {bin_dir}: run hack/build-e2e.sh")
+    return max(found, key=lambda p: p.stat().st_mtime)  # an older source's build may remain
+
+
+NPAPI_ROOT = "TestConformanceProfiles"
+
+
+def npapi_command(binary: Path, report: Path, commit: str, sctp_reason: str | None) -> list[str]:
+    """The suite's command: the ClusterNetworkPolicy profile with NamedPorts and
+    EgressNodePeers; without SCTP sockets the SCTP tests are reported skipped and the
+    base pods run no SCTP server."""
+    command = [
+        str(binary), f"-test.run=^{NPAPI_ROOT}$", "-test.v", "-test.timeout=2h",
+        f"-conformance-profiles={NPAPI_PROFILE}",
+        f"-supported-features={','.join(NPAPI_FEATURES)}",
+        "-organization=tabby", "-project=tabby", "-url=https://github.com/tabby-cni/tabby",
+        f"-version={commit}", "-contact=tabby maintainers",
+        "-additional-info=make conformance CONFORMANCE_ARGS=\"--suite cnp\" (lab/conformance.py)",
+        f"-report-output={report}",
+    ]  # fmt: skip
+    if sctp_reason:
+        command += [
+            f"-base-manifests={NPAPI_NO_SCTP_BASE}",
+            f"-skip-tests={','.join(NPAPI_SCTP_TESTS)}",
+        ]
+    return command
+
+
+NPAPI_SCTP_FREE_SUITE = f"{NPAPI_SUITE}, SCTP probes not run"
+
+
+def run_npapi(
+    bin_dir: Path, kubeconfig: Path, out: Path, commit: str, sctp_reason: str | None
+) -> list[SuiteRun]:
+    """The network-policy-api conformance profile against the lab, as upstream wrote it.
+
+    Where the kernel has no SCTP sockets, the subtests that failed only on SCTP probes
+    stopped there (the suite ends a subtest at its first failed probe): their parent
+    tests run once more with NPAPI_SCTP_PROBES=skip, which logs each SCTP probe instead
+    of running it, so that their TCP and UDP probes are judged too (a second run, no
+    upstream report)."""
+    binary = npapi_binary(bin_dir)
+    report = out / NPAPI_REPORT
+    report.unlink(missing_ok=True)
+    command = npapi_command(binary, report, commit, sctp_reason)
+    run = _run_go_suite(NPAPI_SUITE, command, out / "npapi-conformance.log", kubeconfig, out)
+    run.cases = parse_go_test_verbose(run.output, run.suite, NPAPI_ROOT, sctp_reason)
+    if sctp_reason:
+        run.notes.append(
+            f"SCTP: {sctp_reason}. The SCTP tests ({', '.join(NPAPI_SCTP_TESTS)}) are "
+            f"reported skipped, the base pods run no SCTP server ({NPAPI_NO_SCTP_BASE}), "
+            "and a subtest whose only failing probes are SCTP probes is counted as the "
+            "kernel's (state `kernel`), not Tabby's; the next section runs those tests "
+            "again with their SCTP probes left out"
+        )
+    if report.exists():
+        run.report = report.read_text()
+    elif not run.cases:
+        run.error = f"no report and no results (exit {run.exit_code}); see {out}"
+    parents = sorted({c.name.split("/")[0] for c in run.cases if c.state == "kernel"})
+    if not parents:
+        return [run]
+    again = [*npapi_command(binary, report, commit, sctp_reason)]
+    again = [a for a in again if not a.startswith(("-report-output=", "-test.run="))]
+    again.insert(1, f"-test.run={npapi_run_pattern(parents)}")
+    sctp_free = _run_go_suite(
+        NPAPI_SCTP_FREE_SUITE, again, out / "npapi-conformance-sctp-free.log", kubeconfig, out,
+        {"NPAPI_SCTP_PROBES": "skip"},
+    )  # fmt: skip
+    sctp_free.cases = parse_go_test_verbose(sctp_free.output, sctp_free.suite, NPAPI_ROOT)
+    sctp_free.notes.append(
+        "The tests above with subtests in state `kernel`, run again with "
+        "`NPAPI_SCTP_PROBES=skip` (hack/go/npapi-conformance/sctp-probes.patch): each SCTP "
+        "probe is logged, not run; every TCP and UDP probe runs as upstream wrote it. The "
+        "reason column counts the SCTP probes left out"
+    )
+    return [run, sctp_free]
+
+
+def npapi_run_pattern(parents: Sequence[str]) -> str:
+    """go test's -test.run for these tests of the suite (every subtest of each)."""
+    alternatives = "|".join(re.escape(p) for p in parents)
+    return f"^{NPAPI_ROOT}$/^({alternatives})$"
+
+
+def _run_go_suite(
+    name: str,
+    command: list[str],
+    log_path: Path,
+    kubeconfig: Path,
+    cwd: Path,
+    extra_env: dict[str, str] | None = None,
+) -> SuiteRun:
+    env = {**os.environ, "KUBECONFIG": str(kubeconfig), **(extra_env or {})}
+    began = time.monotonic()
+    with log_path.open("w") as log:  # streamed: `tail -f` shows the run's progress
+        code = subprocess.run(
+            command, stdout=log, stderr=subprocess.STDOUT, env=env, check=False, cwd=cwd
+        ).returncode
+    run = SuiteRun(name, _display(command), time.monotonic() - began, code)
+    run.output = log_path.read_text()
+    return run
+
+
 def _display(command: Sequence[str]) -> list[str]:
     """The command as docs/conformance.md shows it: binaries by name, not cache path."""
     home = str(Path.home())
@@ -683,7 +930,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         choices=SUITES,
         default="all",
         help="e2e: the Netpol specs; services: the Services specs with Tabby, then with "
-        f"{PEER_LABEL} (policy tabby only); all (default): each of them",
+        f"{PEER_LABEL} (policy tabby only); cnp: the network-policy-api "
+        "ClusterNetworkPolicy profile (policy tabby only); all (default): each of them",
     )
     parser.add_argument("--focus", default=E2E_FOCUS, help="e2e spec regex (default: Netpol)")
     parser.add_argument("--procs", type=int, default=3, help="parallel ginkgo processes")
@@ -712,6 +960,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--procs must be at least 1")
     if args.suite == "services" and args.policy != "tabby":
         parser.error("--suite services compares Tabby with its peer CNI: use --policy tabby")
+    if args.suite == "cnp" and args.policy != "tabby":
+        parser.error(f"--suite cnp: {KNP_NO_CNP}")
     args.cyclonus_modes = [m for m in args.cyclonus_modes.split(",") if m]
     unknown = sorted(set(args.cyclonus_modes) - set(CYCLONUS_MODES))
     if unknown or not args.cyclonus_modes:
@@ -728,7 +978,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 # What to run on a lab: (progress line, how to run it against that lab's kubeconfig).
-Plan = list[tuple[str, Callable[[Path], SuiteRun]]]
+PlanStep = tuple[str, Callable[[Path], SuiteRun | list[SuiteRun]]]
+Plan = list[PlanStep]
 
 
 class _Session:
@@ -771,8 +1022,10 @@ class _Session:
         try:
             for name, run_suite in plan:
                 self.progress(name)
-                self.runs.append(run_suite(cluster.kubeconfig))
-                self.progress(_run_line(self.runs[-1]))
+                result = run_suite(cluster.kubeconfig)
+                for run in result if isinstance(result, list) else [result]:
+                    self.runs.append(run)
+                    self.progress(_run_line(run))
                 self.write_report()
         finally:
             if not self.args.keep_lab:
@@ -815,7 +1068,7 @@ def _runs_services(args: argparse.Namespace) -> bool:
 
 def _services_plan(
     args: argparse.Namespace, bin_dir: Path, cni: str, skips: dict[str, str]
-) -> tuple[str, Callable[[Path], SuiteRun]]:
+) -> PlanStep:
     suite = services_suite(cni, skips)
     line = f"{suite.name}: {args.procs} ginkgo processes"
     return line, lambda kubeconfig: run_e2e(bin_dir, kubeconfig, args.out, suite, args.procs)
@@ -834,6 +1087,13 @@ def _suites(args: argparse.Namespace, bin_dir: Path, skips: dict[str, str]) -> P
         )
     if _runs_services(args):  # before cyclonus: minutes, not an hour, to its first finding
         plan.append(_services_plan(args, bin_dir, "tabby", skips))
+    if args.suite in ("all", "cnp") and args.policy == "tabby":
+        plan.append(
+            (
+                f"{NPAPI_SUITE} conformance profile",
+                partial(_npapi, bin_dir, args.out, _commit(), skips),
+            )
+        )
     if args.suite in ("all", "cyclonus"):
         for mode in args.cyclonus_modes:
             plan.append(
@@ -849,6 +1109,12 @@ def _cyclonus(
     bin_dir: Path, out: Path, mode: str, exclude_sctp: bool, kubeconfig: Path
 ) -> SuiteRun:
     return run_cyclonus(bin_dir, kubeconfig, out, mode, exclude_sctp)
+
+
+def _npapi(
+    bin_dir: Path, out: Path, commit: str, skips: dict[str, str], kubeconfig: Path
+) -> list[SuiteRun]:
+    return run_npapi(bin_dir, kubeconfig, out, commit, skips.get(SCTP_SPECS))
 
 
 def _remove_stale_lab(workdir: Path, progress: Progress) -> None:

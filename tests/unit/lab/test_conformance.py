@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 from pathlib import Path
 
 from lab.conformance import (
+    NPAPI_NO_SCTP_BASE,
+    NPAPI_ROOT,
+    NPAPI_SCTP_TESTS,
     PEER_CNI,
     SERVICES_SKIPS,
     CaseResult,
@@ -17,8 +21,11 @@ from lab.conformance import (
     cyclonus_excludes,
     go_quote_meta,
     mounts_under,
+    npapi_command,
+    npapi_run_pattern,
     parse_cyclonus_junit,
     parse_ginkgo_report,
+    parse_go_test_verbose,
     policy_changes,
     remove_lab_dir,
     render_markdown,
@@ -298,3 +305,139 @@ def test_a_torn_down_lab_dir_is_removed_unless_something_is_still_mounted(
     assert remove_lab_dir(lab, _mountinfo("/")) == f"removed {lab}"
     assert not lab.exists()
     assert remove_lab_dir(lab, _mountinfo("/")) == f"{lab} is already gone"
+
+
+# -- the network-policy-api suite (go test -v) ------------------------------------------------
+GO_TEST_OUTPUT = """\
+=== RUN   TestConformanceProfiles
+    suite.go:157: Test Setup: Applying base manifests
+=== RUN   TestConformanceProfiles/CNPAdminTierEgressNodePeers
+=== RUN   TestConformanceProfiles/CNPAdminTierEgressNodePeers/Should_deny_egress
+    helper.go:71: FAILED Command was [/agnhost connect --timeout=3s --protocol=sctp 1.2.3.4:9003]
+    helper.go:71: Expected connection to be dropped ... OTHER: protocol not supported
+    helper.go:70:
+        \tError Trace:\thelper.go:70
+        \tError:      \tCondition never satisfied
+        \tTest:       \tTestConformanceProfiles/CNPAdminTierEgressNodePeers/Should
+=== RUN   TestConformanceProfiles/CNPAdminTierEgressNodePeers/Should_allow_egress
+=== RUN   TestConformanceProfiles/CNPAdminTierEgressTCP
+=== RUN   TestConformanceProfiles/CNPAdminTierEgressTCP/Should_deny_TCP
+    helper.go:71: FAILED Command was [/agnhost connect --timeout=3s --protocol=tcp 1.2.3.4:80]
+    helper.go:71: Expected connection to be dropped ... but instead it successfully connected.
+    helper.go:70:
+        \tError Trace:\thelper.go:70
+        \tError:      \tCondition never satisfied
+        \tTest:       \tTestConformanceProfiles/CNPAdminTierEgressTCP/Should_deny_TCP
+=== RUN   TestConformanceProfiles/CNPAdminTierEgressSCTP
+    suite.go:216: Skipping CNPAdminTierEgressSCTP
+=== RUN   TestConformanceProfiles/CNPAdminTierIngressNamedPort
+    conformance.go:40: Skipping CNPAdminTierIngressNamedPort: suite does not support X
+--- FAIL: TestConformanceProfiles (100.00s)
+    --- FAIL: TestConformanceProfiles/CNPAdminTierEgressNodePeers (12.00s)
+        --- FAIL: TestConformanceProfiles/CNPAdminTierEgressNodePeers/Should_deny_egress (10.50s)
+        --- PASS: TestConformanceProfiles/CNPAdminTierEgressNodePeers/Should_allow_egress (1.50s)
+    --- FAIL: TestConformanceProfiles/CNPAdminTierEgressTCP (10.00s)
+        --- FAIL: TestConformanceProfiles/CNPAdminTierEgressTCP/Should_deny_TCP (10.00s)
+    --- PASS: TestConformanceProfiles/CNPAdminTierEgressSCTP (0.00s)
+    --- SKIP: TestConformanceProfiles/CNPAdminTierIngressNamedPort (0.00s)
+FAIL
+"""
+NO_SCTP = "this kernel has no SCTP sockets"
+
+
+def test_go_test_output_gives_each_leaf_subtest_with_why_it_failed() -> None:
+    cases = {c.name: c for c in parse_go_test_verbose(GO_TEST_OUTPUT, "npapi", NPAPI_ROOT)}
+    assert sorted(cases) == [
+        "CNPAdminTierEgressNodePeers/Should allow egress",
+        "CNPAdminTierEgressNodePeers/Should deny egress",
+        "CNPAdminTierEgressSCTP",
+        "CNPAdminTierEgressTCP/Should deny TCP",
+        "CNPAdminTierIngressNamedPort",
+    ]
+    tcp = cases["CNPAdminTierEgressTCP/Should deny TCP"]
+    assert (tcp.state, tcp.seconds) == ("failed", 10.0)
+    assert "Condition never satisfied" in tcp.reason
+    assert cases["CNPAdminTierEgressNodePeers/Should allow egress"].state == ("passed")
+    listed = cases["CNPAdminTierEgressSCTP"]  # -skip-tests: go test says PASS
+    assert (listed.state, listed.reason) == ("skipped", "listed in -skip-tests")
+    skipped = cases["CNPAdminTierIngressNamedPort"]
+    assert skipped.state == "skipped" and "suite does not support X" in skipped.reason
+    # Without a kernel reason an SCTP probe's failure is an ordinary failure.
+    sctp = cases["CNPAdminTierEgressNodePeers/Should deny egress"]
+    assert sctp.state == "failed"
+
+
+def test_failures_of_sctp_probes_alone_are_the_kernels_when_it_has_no_sctp() -> None:
+    cases = {c.name: c for c in parse_go_test_verbose(GO_TEST_OUTPUT, "npapi", NPAPI_ROOT, NO_SCTP)}
+    sctp = cases["CNPAdminTierEgressNodePeers/Should deny egress"]
+    assert sctp.state == "kernel" and NO_SCTP in sctp.reason
+    assert cases["CNPAdminTierEgressTCP/Should deny TCP"].state == "failed"  # a TCP probe
+    assert cases["CNPAdminTierEgressSCTP"].reason == f"kernel: {NO_SCTP}"
+
+
+def test_a_suite_whose_failures_are_all_the_kernels_succeeds() -> None:
+    def run(*states: str, exit_code: int = 1) -> SuiteRun:
+        cases = [CaseResult("npapi", f"c{i}", state) for i, state in enumerate(states)]
+        return SuiteRun("npapi", [], 1.0, exit_code, cases)
+
+    assert run_succeeded([run("passed", "kernel")])
+    assert not run_succeeded([run("passed", "kernel", "failed")])
+    assert not run_succeeded([run("passed")])  # exit 1 with nothing explaining it
+    assert run_succeeded([run("passed", exit_code=0)])
+    text = render_markdown(
+        ConformanceRun(
+            "tabby", "abc", datetime(2026, 12, 6, tzinfo=UTC), 60.0, 1.0, {}, {},
+            [run("passed", "kernel")], "make conformance",
+        )
+    )  # fmt: skip
+    assert "| npapi | 1 | 0 (+1 kernel) | 0 |" in text
+
+
+def test_npapi_command_without_sctp_skips_the_sctp_tests_and_servers() -> None:
+    binary, report = Path("/b/npapi-conformance-v0.3.0.test"), Path("/o/r.yaml")
+    plain = npapi_command(binary, report, "abc123", None)
+    assert "-conformance-profiles=ClusterNetworkPolicy" in plain
+    assert (
+        "-supported-features=ClusterNetworkPolicyNamedPorts,"
+        "ClusterNetworkPolicyEgressNodePeers" in plain
+    )
+    assert "-version=abc123" in plain and f"-report-output={report}" in plain
+    assert not any(a.startswith(("-skip-tests", "-base-manifests")) for a in plain)
+    no_sctp = npapi_command(binary, report, "abc123", NO_SCTP)
+    assert f"-base-manifests={NPAPI_NO_SCTP_BASE}" in no_sctp
+    skip = next(a for a in no_sctp if a.startswith("-skip-tests="))
+    assert set(skip.split("=", 1)[1].split(",")) == set(NPAPI_SCTP_TESTS)
+
+
+def test_a_second_run_names_the_sctp_probes_it_left_out() -> None:
+    output = """\
+=== RUN   TestConformanceProfiles
+=== RUN   TestConformanceProfiles/CNPAdminTierGress
+=== RUN   TestConformanceProfiles/CNPAdminTierGress/Should_allow_gress
+    helper.go:82: SCTP probe not run (NPAPI_SCTP_PROBES=skip): a/b -> 1.2.3.4:9003
+    helper.go:82: SCTP probe not run (NPAPI_SCTP_PROBES=skip): a/b -> 1.2.3.5:9003
+=== RUN   TestConformanceProfiles/CNPAdminTierGress/Should_pass_TCP
+--- PASS: TestConformanceProfiles (9.00s)
+    --- PASS: TestConformanceProfiles/CNPAdminTierGress (9.00s)
+        --- PASS: TestConformanceProfiles/CNPAdminTierGress/Should_allow_gress (5.00s)
+        --- PASS: TestConformanceProfiles/CNPAdminTierGress/Should_pass_TCP (4.00s)
+PASS
+"""
+    cases = {c.name: c for c in parse_go_test_verbose(output, "again", NPAPI_ROOT)}
+    assert cases["CNPAdminTierGress/Should allow gress"].reason == "2 SCTP probes not run"
+    assert cases["CNPAdminTierGress/Should pass TCP"].reason == ""
+    assert npapi_run_pattern(["CNPAdminTierGress", "CNPBaselineTierGress"]) == (
+        "^TestConformanceProfiles$/^(CNPAdminTierGress|CNPBaselineTierGress)$"
+    )
+
+
+def test_the_suite_and_the_crd_come_from_one_network_policy_api_release() -> None:
+    repo = Path(__file__).resolve().parents[3]
+    pins = {
+        name: re.search(r"^NPAPI_VERSION=(\S+)", (repo / "hack" / name).read_text(), re.M)
+        for name in ("build-e2e.sh", "gen-cnp-crd.sh")
+    }
+    versions = {name: m.group(1) for name, m in pins.items() if m}
+    assert len(versions) == 2 and len(set(versions.values())) == 1, versions
+    go_mod = (repo / "hack" / "go" / "npapi-conformance" / "go.mod").read_text()
+    assert f"sigs.k8s.io/network-policy-api {versions['build-e2e.sh']}" in go_mod
