@@ -93,6 +93,7 @@ NPAPI_FEATURES = ("ClusterNetworkPolicyNamedPorts", "ClusterNetworkPolicyEgressN
 # open an SCTP socket, and the base pods would never be Ready); built by build-e2e.sh.
 NPAPI_NO_SCTP_BASE = "base/manifests-no-sctp.yaml"
 NPAPI_REPORT = "npapi-report.yaml"
+NPAPI_NAMESPACE_PREFIX = "network-policy-conformance-"  # the base manifests' namespaces
 # Why `--policy kube-network-policies` runs no ClusterNetworkPolicy suite.
 KNP_NO_CNP = (
     "kube-network-policies v0.8.0 (the newest release on the module proxy) implements the "
@@ -855,6 +856,7 @@ def run_npapi(
     parents = sorted({c.name.split("/")[0] for c in run.cases if c.state == "kernel"})
     if not parents:
         return [run]
+    _wait_namespaces_gone(kubeconfig, NPAPI_NAMESPACE_PREFIX)  # the first run's cleanup
     again = [*npapi_command(binary, report, commit, sctp_reason)]
     again = [a for a in again if not a.startswith(("-report-output=", "-test.run="))]
     again.insert(1, f"-test.run={npapi_run_pattern(parents)}")
@@ -863,6 +865,9 @@ def run_npapi(
         {"NPAPI_SCTP_PROBES": "skip"},
     )  # fmt: skip
     sctp_free.cases = parse_go_test_verbose(sctp_free.output, sctp_free.suite, NPAPI_ROOT)
+    if not sctp_free.cases:
+        log_path = out / "npapi-conformance-sctp-free.log"
+        sctp_free.error = f"no results (exit {sctp_free.exit_code}); see {log_path}"
     sctp_free.notes.append(
         "The tests above with subtests in state `kernel`, run again with "
         "`NPAPI_SCTP_PROBES=skip` (hack/go/npapi-conformance/sctp-probes.patch): each SCTP "
@@ -870,6 +875,20 @@ def run_npapi(
         "reason column counts the SCTP probes left out"
     )
     return [run, sctp_free]
+
+
+def _wait_namespaces_gone(kubeconfig: Path, prefix: str, timeout_s: float = 300.0) -> None:
+    """Until no namespace named ``prefix...`` exists: the suite deletes its namespaces as
+    it ends, and a second run creating them while they terminate is refused."""
+    from datastore import kinds
+    from datastore.client import Datastore
+
+    ds = Datastore.from_kubeconfig(str(kubeconfig))
+    deadline = time.monotonic() + timeout_s
+    while any(n.startswith(prefix) for n in ds.list_names(kinds.NAMESPACE)):
+        if time.monotonic() > deadline:
+            return  # the next run reports the refusal itself
+        time.sleep(1.0)
 
 
 def npapi_run_pattern(parents: Sequence[str]) -> str:
@@ -1180,8 +1199,9 @@ def _invocation(argv: Sequence[str]) -> str:
 
 
 def _run_line(run: SuiteRun) -> str:
+    kernel = f" (+{run.count('kernel')} kernel)" if run.count("kernel") else ""
     line = (
-        f"{run.suite}: {run.count('passed')} passed, {run.count('failed')} failed, "
+        f"{run.suite}: {run.count('passed')} passed, {run.count('failed')} failed{kernel}, "
         f"{run.count('skipped')} skipped in {run.seconds / 60:.1f} min"
     )
     return line + (f" ({run.error})" if run.error else "")
