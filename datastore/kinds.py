@@ -46,6 +46,8 @@ IPAMHANDLE = ResourceKind("IPAMHandle", "ipamhandles")
 IPAMCONFIG = ResourceKind("IPAMConfig", "ipamconfigs")
 BGPCONFIGURATION = ResourceKind("BGPConfiguration", "bgpconfigurations")
 BGPPEER = ResourceKind("BGPPeer", "bgppeers")
+# One per node: the policy generations its agent has programmed (policy/realization.py).
+NODEPOLICYSTATUS = ResourceKind("NodePolicyStatus", "nodepolicystatuses")
 
 NODE = ResourceKind("Node", "nodes", group="", version="v1")
 POD = ResourceKind("Pod", "pods", group="", version="v1", namespaced=True)
@@ -63,6 +65,15 @@ CLUSTERNETWORKPOLICY = ResourceKind(
     version="v1beta1",
 )
 
-TABBY_KINDS = (IPPOOL, IPAMBLOCK, BLOCKAFFINITY, IPAMHANDLE, IPAMCONFIG, BGPCONFIGURATION, BGPPEER)
+TABBY_KINDS = (
+    IPPOOL,
+    IPAMBLOCK,
+    BLOCKAFFINITY,
+    IPAMHANDLE,
+    IPAMCONFIG,
+    BGPCONFIGURATION,
+    BGPPEER,
+    NODEPOLICYSTATUS,
+)
 # Every kind manifests/crds/ defines: Tabby's own and the upstream ones it installs.
 CRD_KINDS = (*TABBY_KINDS, CLUSTERNETWORKPOLICY)

@@ -79,6 +79,7 @@ from felix.policy_dataplane import (
     parse_filter_allow_action,
 )
 from felix.policy_sync import ChangedKeys, PolicySync, WiredEndpoint
+from felix.realization import RealizationReporter
 from felix.reasons import ENDPOINT_ADDED, ENDPOINT_REMOVED, PERIODIC_RESYNC, STATUS_STALE
 from felix.shared_pass import SharedPass
 from ipam.allocator import AGENT_PRECLAIM_BELOW, IPAMAllocator
@@ -285,6 +286,7 @@ class Agent:
         self.bgp: BGPController | None = None
         self.policy: PolicyDataplane | None = None
         self.policy_sync: PolicySync | None = None
+        self.realization: RealizationReporter | None = None  # the NodePolicyStatus writer
         # the dataplane managers, driven in this order by every pass (felix.managers)
         self.endpoint_wiring: EndpointWiring | None = None
         self.policy_manager: PolicyManager | None = None
@@ -374,7 +376,11 @@ class Agent:
                 fetch_pod=self._fetch_pod,
                 pools=self._pool_nat,
             )
-            self.policy_manager = PolicyManager(self.policy_sync, self.policy, sources)
+            self.realization = RealizationReporter(self.datastore, self.config.node_name)
+            self.realization.start()
+            self.policy_manager = PolicyManager(
+                self.policy_sync, self.policy, sources, self.realization.offer
+            )
         node = TunnelNode(self.config.node_name, self.config.node_ip or "", self.config.mtu)
         self.tunnels = TunnelManager(
             node, self._objects, allocator.tunnel_address, self._annotate_node, iproute_factory()
@@ -671,6 +677,8 @@ class Agent:
         for informer in self.informers.values():
             informer.stop(timeout=0)  # signal all first; watches blocked in a read are daemons
         self.loop.stop()
+        if self.realization is not None:
+            self.realization.stop(timeout=1.0)
         if self.bgp is not None:
             self.bgp.stop()  # leaves learned routes in the kernel: graceful restart
         if self.health is not None:

@@ -20,11 +20,13 @@ from typing import Any, Protocol
 
 from felix.calc import PodKey, PolicyCalculator
 from felix.calc.pods import PodResolver
+from felix.calc.policy import CLUSTER_KEY
 from policy import DesiredState, PolicyError, parse_namespace, parse_policy
 from policy import Pod as PolicyPod
 from policy.cluster_compiler import NodeAddresses, parse_node
 from policy.cluster_policy import parse_cluster_policy
 from policy.membership import AddressBook, LocalAddress
+from policy.realization import NETWORKPOLICY_PREFIX, Version, cluster_policy_key, version_of
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +98,21 @@ class PolicySync:
         self.resolver = PodResolver(on_invalid=self._invalid)
         self.calc = PolicyCalculator(allow=self.allow)
         self._endpoints: dict[str, PodKey] = {}
+        # The version of each policy fed to the calculation (realization keys): what a
+        # pass that programs this calculation's answer has programmed.
+        self._versions: dict[str, Version] = {}
+
+    def programmed(self) -> tuple[dict[str, Version], frozenset[str]]:
+        """Every valid policy's version in the last computed state, and the keys of those
+        that select a pod on this node (policy.realization's report)."""
+        used = self.calc.used_policies()
+        applied = {
+            cluster_policy_key(k.removeprefix(CLUSTER_KEY))
+            if k.startswith(CLUSTER_KEY)
+            else NETWORKPOLICY_PREFIX + k
+            for k in used
+        }
+        return dict(self._versions), frozenset(applied & self._versions.keys())
 
     def compute(
         self,
@@ -142,16 +159,27 @@ class PolicySync:
             self.calc.update_namespace(key, self._parse(parse_namespace, raw))
         for key in keys["policies"]:
             raw = caches["policies"].get(key)
-            self.calc.update_policy(key, self._parse(parse_policy, raw))
+            parsed = self._parse(parse_policy, raw)
+            self._note_version(NETWORKPOLICY_PREFIX + key, raw if parsed else None)
+            self.calc.update_policy(key, parsed)
         if keys["clusterpolicies"] and "clusterpolicies" in caches:
             for key in keys["clusterpolicies"]:
                 raw = caches["clusterpolicies"].get(key)
-                self.calc.update_cluster_policy(key, self._parse(parse_cluster_policy, raw))
+                parsed = self._parse(parse_cluster_policy, raw)
+                self._note_version(cluster_policy_key(key), raw if parsed else None)
+                self.calc.update_cluster_policy(key, parsed)
         if keys["nodes"] and "nodes" in caches:
             self.calc.update_nodes(self._nodes(caches["nodes"]))
         for key in keys["pods"]:
             namespace, _, name = key.partition("/")
             self.resolver.update_pod((namespace, name), caches["pods"].get(key))
+
+    def _note_version(self, key: str, raw: dict[str, Any] | None) -> None:
+        """A valid policy's version (None: gone or invalid, so not programmed)."""
+        if raw is None:
+            self._versions.pop(key, None)
+        else:
+            self._versions[key] = version_of(raw)
 
     def _nodes(self, cache: Cache) -> tuple[NodeAddresses, ...]:
         parsed = (self._parse(parse_node, raw) for raw in cache.snapshot().values())

@@ -167,6 +167,11 @@ class PolicyCalculator:
         members = {name: self.members.members(name) for name in specs}
         return DesiredState(chains, specs, members)
 
+    def used_policies(self) -> frozenset[str]:
+        """Keys of the policies a local endpoint uses (``ns/name``, ``cnp:`` + name), as of
+        the last :meth:`desired`: where a policy applies (its realization status)."""
+        return frozenset(self._policy_users)
+
     def local_pods(self) -> Mapping[str, Pod]:
         """Interface -> pod, for the endpoints whose pod is known (the others fail closed)."""
         return {i: self._pods[k] for i, k in self._endpoints.items() if k in self._pods}

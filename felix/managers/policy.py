@@ -13,6 +13,7 @@ from felix.policy_sync import Cache, PolicySync, WiredEndpoint
 from policy import DesiredState
 from policy import Pod as PolicyPod
 from policy.membership import AddressBook
+from policy.realization import Version
 
 
 @dataclass(frozen=True)
@@ -41,11 +42,17 @@ class PolicyManager:
     name = "policy"
 
     def __init__(
-        self, calculation: PolicySync, dataplane: PolicyDataplane, sources: PolicySources
+        self,
+        calculation: PolicySync,
+        dataplane: PolicyDataplane,
+        sources: PolicySources,
+        on_programmed: Callable[[dict[str, Version], frozenset[str]], None] | None = None,
     ) -> None:
         self.calculation = calculation
         self.dataplane = dataplane
         self.sources = sources
+        # Told the policy versions each written pass programmed (the node's report).
+        self.on_programmed = on_programmed
         # The state the dataplane was last given whole or brought to by messages: the
         # next apply writes only the messages from it (None: write the whole state).
         self._written: DesiredState | None = None
@@ -62,6 +69,7 @@ class PolicyManager:
             messages = changes(self._written, desired)
             self.dataplane.apply_changes(messages, local, pools=self.sources.pools())
         self._written = desired
+        self._programmed()
 
     def resync(self) -> None:
         """Recompute from the whole caches and write the whole state, the kernel re-read."""
@@ -69,6 +77,11 @@ class PolicyManager:
         desired, local = self._compute(afresh=True)
         self.dataplane.apply_state(desired, local, pools=self.sources.pools(), resync=True)
         self._written = desired
+        self._programmed()
+
+    def _programmed(self) -> None:
+        if self.on_programmed is not None:
+            self.on_programmed(*self.calculation.programmed())
 
     def _compute(self, afresh: bool) -> tuple[DesiredState, Mapping[str, PolicyPod]]:
         sources = self.sources

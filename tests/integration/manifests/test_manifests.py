@@ -222,6 +222,7 @@ ALLOWED: dict[str, list[Case]] = {
             for v in ("get", "list", "watch")
         ],
         ("create", "events", True),
+        *[(v, "nodepolicystatuses.crd.tabby.dev", False) for v in ("get", "create", "update")],
         *[
             (v, f"{r}.crd.tabby.dev", False)
             for r in ("ippools", "ipamconfigs", "bgpconfigurations", "bgppeers")
@@ -271,6 +272,8 @@ DENIED: dict[str, list[Case]] = {
         ("update", "bgppeers.crd.tabby.dev", False),
         ("patch", "ipamblocks.crd.tabby.dev", False),
         ("deletecollection", "ipamblocks.crd.tabby.dev", False),
+        ("delete", "nodepolicystatuses.crd.tabby.dev", False),
+        ("list", "nodepolicystatuses.crd.tabby.dev", False),
         ("create", "clusterrolebindings.rbac.authorization.k8s.io", False),
         ("impersonate", "serviceaccounts", True),
         ("*", "*", True),

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -152,6 +154,15 @@ def test_refused_with_an_egress_policy_on_the_client(
         }
     )
     try:
+        # Every DaemonSet agent (its own RBAC) reports the policy programmed.
+        waited = subprocess.run(
+            [str(Path(sys.executable).with_name("tabbyctl")), "--kubeconfig",
+             str(kube_cluster.kubeconfig), "policy", "wait", "networkpolicy/client-egress",
+             "-n", NS, "--timeout", "60s", "-o", "json"],
+            capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert waited.returncode == 0, waited.stdout + waited.stderr
+        assert json.loads(waited.stdout)["currentNodes"] >= 1
         # the policy is in force: a port it does not allow times out (dropped)
         node = kube_cluster.nodes[1].ip
         assert settles(lambda: connect(kube_cluster, client, node, 81)[0] == "TIMEOUT", timeout=20)

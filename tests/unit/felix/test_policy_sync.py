@@ -10,6 +10,7 @@ from policy import desired_state, parse_namespace, parse_policy
 from policy.cluster_compiler import parse_node
 from policy.cluster_policy import parse_cluster_policy
 from policy.membership import AddressBook, local_address, trusted_pod
+from policy.realization import Version
 from policy.rules import Chain, Rule
 from tests.unit.policy.policy_world import np_dict, ns_dict, pod_dict
 
@@ -173,3 +174,30 @@ def test_cluster_policies_and_nodes_reach_the_calculation() -> None:
 def node(name: str, ip: str, labels: dict[str, str]) -> dict[str, Any]:
     return {"metadata": {"name": name, "labels": labels},
             "status": {"addresses": [{"type": "InternalIP", "address": ip}]}}  # fmt: skip
+
+
+def test_programmed_names_each_valid_policys_version_and_where_it_applies() -> None:
+    caches = world(pods=2)
+    caches["policies"].objects["x/web"]["metadata"].update(generation=3, uid="aaaaaaaa-1")
+    other = np_dict("y", "elsewhere", {"podSelector": {}})  # selects no local pod
+    other["metadata"].update(generation=1, uid="bbbbbbbb-2")
+    bad = np_dict("x", "bad", {"podSelector": {"matchLabels": {"a": 5}}})
+    caches["policies"].objects.update({"y/elsewhere": other, "x/bad": bad})
+    sync = PolicySync("ACCEPT")
+    sync.compute(caches, wired("p0"), AddressBook, no_fetch)
+    versions, applied = sync.programmed()
+    assert versions == {
+        "np/x/web": Version(3, "aaaaaaaa"),
+        "np/y/elsewhere": Version(1, "bbbbbbbb"),
+    }  # the invalid policy is not programmed
+    assert applied == {"np/x/web"}
+    # A change is reported once the pass that reads it has run, not before.
+    caches["policies"].objects["x/web"]["metadata"]["generation"] = 4
+    assert sync.programmed()[0]["np/x/web"] == Version(3, "aaaaaaaa")
+    sync.changed.note("policies", "x/web")
+    sync.compute(caches, wired("p0"), AddressBook, no_fetch)
+    assert sync.programmed()[0]["np/x/web"] == Version(4, "aaaaaaaa")
+    del caches["policies"].objects["x/web"]
+    sync.changed.note("policies", "x/web")
+    sync.compute(caches, wired("p0"), AddressBook, no_fetch)
+    assert sync.programmed() == ({"np/y/elsewhere": Version(1, "bbbbbbbb")}, frozenset())
