@@ -165,6 +165,12 @@ class Metrics:
         self.sync_failures = Counter(
             "tabby_sync_failures_total", "Failed dataplane passes", registry=self.registry
         )
+        self.policy_status_writes = Counter(
+            "tabby_policy_status_writes_total",
+            "Writes of this node's NodePolicyStatus (coalesced: one per burst of passes)",
+            ["result"],
+            registry=self.registry,
+        )
 
 
 class IPAMAddresses:
@@ -376,7 +382,13 @@ class Agent:
                 fetch_pod=self._fetch_pod,
                 pools=self._pool_nat,
             )
-            self.realization = RealizationReporter(self.datastore, self.config.node_name)
+            self.realization = RealizationReporter(
+                self.datastore,
+                self.config.node_name,
+                on_write=lambda ok: self.metrics.policy_status_writes.labels(
+                    "ok" if ok else "error"
+                ).inc(),
+            )
             self.realization.start()
             self.policy_manager = PolicyManager(
                 self.policy_sync, self.policy, sources, self.realization.offer

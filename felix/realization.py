@@ -42,11 +42,13 @@ class RealizationReporter:
         *,
         min_interval: float = MIN_INTERVAL_S,
         now_iso: Callable[[], str] = _now_iso,
+        on_write: Callable[[bool], None] = lambda _ok: None,
     ) -> None:
         self.datastore = datastore
         self.node = node
         self.min_interval = min_interval
         self._now_iso = now_iso
+        self._on_write = on_write  # told each write's outcome (the agent's metric)
         self._cond = threading.Condition()
         self._offered: tuple[dict[str, Version], frozenset[str]] | None = None
         self._written: tuple[dict[str, Version], frozenset[str]] | None = None
@@ -102,7 +104,9 @@ class RealizationReporter:
             assert state is not None
             try:
                 self._write(state)
+                self._on_write(True)
             except Exception as exc:  # the apiserver is away, or the CRD is missing
+                self._on_write(False)
                 log.warning("could not publish the node's policy status (retry in %.0f s): %s",
                             retry, exc)  # fmt: skip
                 self._sleep_unless_stopping(retry)

@@ -81,10 +81,15 @@ def test_a_failed_write_is_retried_until_the_apiserver_answers(
             raise failures.pop()
 
     transport.fault_hook = flaky
-    r = reporter(Datastore(transport))
+    outcomes: list[bool] = []
+    r = RealizationReporter(
+        Datastore(transport), "node-a", min_interval=0.0, on_write=outcomes.append
+    )
+    r.start()
     try:
         r.offer({"np/x/web": V1}, frozenset())
         assert r.flush(10.0)
         assert not failures and r.writes == 1
+        assert outcomes == [False, False, False, True]  # the agent's metric is told each
     finally:
         r.stop()
