@@ -92,6 +92,7 @@ class PolicySync:
         self.changed = changed or ChangedKeys()
         self._on_invalid = on_invalid
         self._fresh = True
+        self._epoch = 0  # calculations started afresh so far (see programmed_revision)
         self._start_afresh()
 
     def _start_afresh(self) -> None:
@@ -101,6 +102,13 @@ class PolicySync:
         # The version of each policy fed to the calculation (realization keys): what a
         # pass that programs this calculation's answer has programmed.
         self._versions: dict[str, Version] = {}
+        self._versions_revision = 0
+        self._epoch += 1
+
+    def programmed_revision(self) -> tuple[int, int, int]:
+        """Changes whenever :meth:`programmed` may answer differently: a pass whose
+        revision is unchanged need not rebuild and offer the report (the ADD path)."""
+        return self._epoch, self._versions_revision, self.calc.users_revision
 
     def programmed(self) -> tuple[dict[str, Version], frozenset[str]]:
         """Every valid policy's version in the last computed state, and the keys of those
@@ -176,10 +184,14 @@ class PolicySync:
 
     def _note_version(self, key: str, raw: dict[str, Any] | None) -> None:
         """A valid policy's version (None: gone or invalid, so not programmed)."""
-        if raw is None:
-            self._versions.pop(key, None)
+        version = None if raw is None else version_of(raw)
+        if self._versions.get(key) == version:
+            return
+        if version is None:
+            del self._versions[key]
         else:
-            self._versions[key] = version_of(raw)
+            self._versions[key] = version
+        self._versions_revision += 1
 
     def _nodes(self, cache: Cache) -> tuple[NodeAddresses, ...]:
         parsed = (self._parse(parse_node, raw) for raw in cache.snapshot().values())

@@ -69,6 +69,7 @@ class PolicyCalculator:
         self._chains: dict[str, tuple[EndpointChains, frozenset[str]]] = {}  # + policies used
         self._compiled: dict[str, CompiledPolicy] = {}  # policies some local endpoint uses
         self._policy_users: Counter[str] = Counter()
+        self.users_revision = 0  # bumped when the set of used policies changes
         self._set_users: Counter[str] = Counter()
         self._dirty: set[str] = set()  # interfaces whose chains must be recomputed
         # desired()'s chains and set specs, kept until an endpoint's chains or a
@@ -232,6 +233,7 @@ class PolicyCalculator:
         self._policy_users[key] += 1
         if self._policy_users[key] != 1:
             return
+        self.users_revision += 1
         if key.startswith(CLUSTER_KEY):
             cluster = self._cluster[key.removeprefix(CLUSTER_KEY)]
             self._swap_compiled(key, compile_cluster_policy(cluster, self.family, self._nodes))
@@ -244,6 +246,7 @@ class PolicyCalculator:
         self._policy_users[key] -= 1
         if self._policy_users[key] == 0:
             del self._policy_users[key]
+            self.users_revision += 1
             self._swap_compiled(key, None)
 
     def _swap_compiled(self, key: str, compiled: CompiledPolicy | None) -> None:

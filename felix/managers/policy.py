@@ -51,8 +51,10 @@ class PolicyManager:
         self.calculation = calculation
         self.dataplane = dataplane
         self.sources = sources
-        # Told the policy versions each written pass programmed (the node's report).
+        # Told the policy versions a written pass programmed (the node's report), when
+        # they may differ from the last ones told.
         self.on_programmed = on_programmed
+        self._told: tuple[int, int, int] | None = None
         # The state the dataplane was last given whole or brought to by messages: the
         # next apply writes only the messages from it (None: write the whole state).
         self._written: DesiredState | None = None
@@ -80,8 +82,12 @@ class PolicyManager:
         self._programmed()
 
     def _programmed(self) -> None:
-        if self.on_programmed is not None:
+        if self.on_programmed is None:
+            return
+        revision = self.calculation.programmed_revision()
+        if revision != self._told:
             self.on_programmed(*self.calculation.programmed())
+            self._told = revision
 
     def _compute(self, afresh: bool) -> tuple[DesiredState, Mapping[str, PolicyPod]]:
         sources = self.sources

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from felix.managers import PolicyManager, PolicySources, drive
 from felix.policy_dataplane import ChainRules
 from felix.policy_sync import PolicySync, WiredEndpoint
 from policy import desired_state, parse_namespace, parse_policy
@@ -201,3 +202,39 @@ def test_programmed_names_each_valid_policys_version_and_where_it_applies() -> N
     sync.changed.note("policies", "x/web")
     sync.compute(caches, wired("p0"), AddressBook, no_fetch)
     assert sync.programmed() == ({"np/y/elsewhere": Version(1, "bbbbbbbb")}, frozenset())
+
+
+class NoKernel:
+    """A policy dataplane that takes every write and keeps nothing."""
+
+    def apply_state(self, *_args: Any, **_kwargs: Any) -> None:
+        return None
+
+    def apply_changes(self, *_args: Any, **_kwargs: Any) -> None:
+        return None
+
+
+def test_the_report_is_offered_only_when_it_may_have_changed() -> None:
+    """The ADD path: a pass that changes no policy version and no policy's use offers
+    nothing (rebuilding the report costs O(policies) on every pass)."""
+    caches = world(pods=3)
+    endpoints = wired("p0")
+    offered: list[tuple[dict[str, Version], frozenset[str]]] = []
+    manager = PolicyManager(
+        PolicySync("ACCEPT"),
+        NoKernel(),  # type: ignore[arg-type]
+        PolicySources(caches, lambda: endpoints, AddressBook, no_fetch, lambda: []),
+        lambda versions, applied: offered.append((versions, applied)),
+    )
+    drive(manager, resync=False)
+    assert len(offered) == 1 and offered[0][1] == {"np/x/web"}
+    endpoints = wired("p0", "p1")  # another pod the same policy selects: same report
+    manager.calculation.changed.note("pods", "x/p1")
+    drive(manager, resync=False)
+    assert len(offered) == 1
+    caches["policies"].objects["x/web"]["metadata"]["generation"] = 2
+    manager.calculation.changed.note("policies", "x/web")
+    drive(manager, resync=False)
+    assert len(offered) == 2 and offered[1][0]["np/x/web"].generation == 2
+    drive(manager, resync=True)  # afresh: a new calculation, offered again
+    assert len(offered) == 3 and offered[2] == offered[1]
