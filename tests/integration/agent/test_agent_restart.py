@@ -40,6 +40,7 @@ from lab import netns
 from lab.controlplane import ControlPlane
 from lab.process import ManagedProcess
 from lab.topology import Lab
+from tests.helpers import wait_for
 from tests.integration.agent.conftest import (
     REPO,
     TABBY_NODE,
@@ -53,8 +54,9 @@ from tests.integration.agent.conftest import (
 
 pytestmark = pytest.mark.integration
 
-BURST = 20
+BURST = 18  # ADDs sent together; the kill lands somewhere inside them
 KILL_AFTER_SUCCESSES = 3
+LATE = 2  # ADDs sent while the apiserver is unreachable: surely in flight at the kill
 ORPHAN = "calideadbeef001"
 NETWORK = "k8s-pod-network"
 JOURNAL_DIR = "cni-inflight"  # under --run-dir; the same name the agent should use
@@ -94,6 +96,7 @@ class RestartableAgent:
     node: AgentNode
     args: list[str]
     node_name: str
+    relay: ManagedProcess  # the node's only path to the apiserver
     starts: int = 0
     pods: list[str] = field(default_factory=list)  # Pod objects to delete afterwards
 
@@ -125,10 +128,12 @@ def restartable_agent(control_plane: ControlPlane, tmp_path: Path) -> Iterator[R
     args = agent_args(node_name, control_plane.kubeconfig, run_dir, "--no-bgp")
     agent: RestartableAgent | None = None
     try:
-        lab.relay_apiserver(node, control_plane.expose_unix_socket(), control_plane.apiserver_port)
+        relay = lab.relay_apiserver(
+            node, control_plane.expose_unix_socket(), control_plane.apiserver_port
+        )
         placeholder = ManagedProcess("none", ["true"], tmp_path / "none.log")
         agent = RestartableAgent(
-            AgentNode(lab, node, run_dir, bin_dir, placeholder, ds), args, node_name
+            AgentNode(lab, node, run_dir, bin_dir, placeholder, ds), args, node_name, relay
         )
         yield agent
     finally:
@@ -158,6 +163,48 @@ def _cali_links(node_ns: str) -> set[str]:
     }
 
 
+def _process_group(pgid: int) -> set[int]:
+    """Every live process of a process group (the relay and its per-connection forks)."""
+    members = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                members.add(int(stat.parent.name))
+    return members
+
+
+@contextlib.contextmanager
+def _apiserver_unreachable(relay: ManagedProcess) -> Iterator[None]:
+    """Freeze the node's relay to the apiserver (its group, by PID), then thaw it.
+
+    No ADD can answer while frozen: each writes its address block and its Pod.
+    On thaw, requests the frozen relay held still reach the apiserver; the block
+    returns once every connection of the dead agent is closed, so the restarted
+    agent's recovery sees every write its predecessor sent.
+    """
+    assert relay.pid is not None and relay.alive()
+    os.killpg(relay.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.killpg(relay.pid, signal.SIGCONT)
+    wait_for(
+        lambda: _process_group(relay.pid or 0) == {relay.pid},
+        timeout=30,
+        what="the relay's connections from the killed agent to close",
+    )
+
+
+def _in_flight(journal_dir: Path) -> set[str]:
+    """Container IDs of the ADDs the agent has marked as begun and not answered."""
+    found = set()
+    for marker in journal_dir.glob("*.add"):
+        with contextlib.suppress(OSError, ValueError, KeyError):  # answered meanwhile
+            found.add(json.loads(marker.read_text())["container_id"])
+    return found
+
+
 def test_sigkill_during_a_burst_of_adds_leaks_nothing_and_reports_no_half_wired_success(
     restartable_agent: RestartableAgent,
 ) -> None:
@@ -166,7 +213,7 @@ def test_sigkill_during_a_burst_of_adds_leaks_nothing_and_reports_no_half_wired_
     first = agent.start()
 
     suffix = an.lab.lab_id
-    pods = [f"burst{i:02d}-{suffix}" for i in range(BURST)]
+    pods = [f"burst{i:02d}-{suffix}" for i in range(BURST + LATE)]
     pod_ns: dict[str, str] = {}
     for index, name in enumerate(pods):
         _create_pod(ds, name, agent.node_name)
@@ -174,6 +221,7 @@ def test_sigkill_during_a_burst_of_adds_leaks_nothing_and_reports_no_half_wired_
         pod_ns[name] = an.lab.ns(f"p{index:02d}")
         netns.add(pod_ns[name])
     cid = {name: uuid.uuid4().hex for name in pods}
+    burst, late = pods[:BURST], pods[BURST:]
 
     results: dict[str, tuple[int, dict[str, Any]]] = {}
     done = threading.Condition()
@@ -184,27 +232,37 @@ def test_sigkill_during_a_burst_of_adds_leaks_nothing_and_reports_no_half_wired_
             results[name] = outcome
             done.notify_all()
 
-    with ThreadPoolExecutor(max_workers=BURST) as pool:
-        for name in pods:
+    # The kill must find ADDs in flight however fast the agent answers a burst (it
+    # answers a whole batch at once): once a few have succeeded the apiserver is made
+    # unreachable, so nothing in flight can finish, and LATE more ADDs are sent and
+    # awaited in the journal. The burst's other ADDs stop wherever they were: before
+    # their block write, after it, or wired and waiting on their Pod's annotation.
+    with ThreadPoolExecutor(max_workers=BURST + LATE) as pool:
+        for name in burst:
             pool.submit(add, name)
         with done:
             done.wait_for(
-                lambda: (
-                    sum(1 for c, _ in results.values() if c == 0) >= KILL_AFTER_SUCCESSES
-                    or len(results) == BURST
-                ),
+                lambda: sum(1 for c, _ in results.values() if c == 0) >= KILL_AFTER_SUCCESSES,
                 timeout=120,
             )
-            answered_before_kill = len(results)
-        assert first.pid is not None and first.alive()
-        os.kill(first.pid, signal.SIGKILL)  # by PID: the agent process we started
-        assert first.proc is not None
-        first.proc.wait(timeout=10)
-    assert answered_before_kill < BURST, "the burst ended before the kill; nothing was tested"
+        with _apiserver_unreachable(agent.relay):
+            for name in late:
+                pool.submit(add, name)
+            wait_for(
+                lambda: {cid[n] for n in late} <= _in_flight(an.run_dir / JOURNAL_DIR),
+                timeout=30,
+                what="the late ADDs to be marked in flight",
+            )
+            with done:
+                answered_before_kill = len(results)
+            assert first.pid is not None and first.alive()
+            os.kill(first.pid, signal.SIGKILL)  # by PID: the agent process we started
+            assert first.proc is not None
+            first.proc.wait(timeout=10)
 
     succeeded = sorted(n for n, (code, _) in results.items() if code == 0)
     failed = sorted(n for n, (code, _) in results.items() if code != 0)
-    assert len(succeeded) >= KILL_AFTER_SUCCESSES and failed, results
+    assert len(succeeded) >= KILL_AFTER_SUCCESSES and set(late) <= set(failed), results
 
     # While the agent is down, two leftovers the journal knows nothing about:
     # a pod deleted meanwhile (the shim lets its DEL succeed, the runtime destroys
