@@ -1,10 +1,13 @@
-"""`tabby-controllers`: the cluster-wide IPAM garbage collector, one pass per interval.
+"""`tabby-controllers`: the cluster-wide IPAM garbage collector and policy status.
 
-Runs as the tabby-controllers Deployment (one replica). Each pass releases leaked
+Runs as the tabby-controllers Deployment (one replica). Each GC pass releases leaked
 addresses past their grace period, empty blocks, and the blocks and affinities of
 deleted nodes (ipam/gc.py). A successful pass touches the heartbeat file, which the
 liveness probe checks; a failed pass is logged and retried next interval. SIGTERM
 ends the wait between passes at once.
+
+Beside it, in its own thread, the policy status controller
+(controllers/policy_status.py) writes each policy's realization on the policy objects.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
+from controllers.policy_status import PolicyStatusController
 from datastore.client import Datastore
 from datastore.errors import NotConfigured
 from datastore.incluster import choose_kubeconfig
@@ -54,7 +58,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=env("HEARTBEAT_FILE"),
         help="touched after each successful pass, for the liveness probe",
     )
-    parser.add_argument("--once", action="store_true", help="run one pass and exit (1 on failure)")
+    parser.add_argument(
+        "--once", action="store_true", help="run one GC pass and exit (1 on failure)"
+    )
+    parser.add_argument(
+        "--no-policy-status",
+        dest="policy_status",
+        action="store_false",
+        default=env("POLICY_STATUS", "on") != "off",
+        help="do not write policy realization on the policy objects (env POLICY_STATUS=off)",
+    )
     parser.add_argument("--log-level", default=env("TABBY_LOG_LEVEL", "info"))
     args = parser.parse_args(argv)
     try:
@@ -113,6 +126,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         stop.set()
 
     signal.signal(signal.SIGTERM, on_term)
+    status = PolicyStatusController(datastore) if args.policy_status else None
+    if status is not None:
+        status.start()
     log.info(
         "ipam gc started",
         extra={"interval_s": args.gc_interval_seconds, "grace_s": args.gc_grace_seconds},
@@ -120,6 +136,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     while not stop.is_set():
         run_pass(gc, args.heartbeat_file)
         stop.wait(args.gc_interval_seconds)
+    if status is not None:
+        status.stop()
     log.info("ipam gc stopped")
     return 0
 

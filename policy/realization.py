@@ -195,3 +195,93 @@ def realization(
             desired += 1
             current += 1
     return Realization(key, version, desired, current, tuple(pending))
+
+
+# -- what the policy objects carry (written by tabby-controllers) ---------------------------
+
+REALIZED_CONDITION = "Realized"  # a ClusterNetworkPolicy's status.conditions[].type
+REALIZED_LABEL = "policy.tabby.dev/realized"  # a NetworkPolicy's: `kubectl get -L` shows it
+REALIZED_ANNOTATION = "policy.tabby.dev/realized"  # a NetworkPolicy's: the whole message
+NAMES_SHOWN = 3  # pending nodes named in a message; the rest are counted
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A policy's realization as its object shows it (condition, label, annotation)."""
+
+    realized: bool
+    reason: str  # AllNodesRealized, NodesPending or Invalid
+    message: str
+    label: str  # ``3-of-3``; ``invalid``
+
+    def condition(
+        self, generation: int, previous: Mapping[str, Any] | None, now: str
+    ) -> dict[str, Any]:
+        """The ``Realized`` metav1.Condition; its transition time kept while its
+        status holds (the API's convention)."""
+        status = "True" if self.realized else "False"
+        since = now
+        if previous and previous.get("status") == status and previous.get("lastTransitionTime"):
+            since = str(previous["lastTransitionTime"])
+        return {
+            "type": REALIZED_CONDITION,
+            "status": status,
+            "reason": self.reason,
+            "message": self.message,
+            "observedGeneration": generation,
+            "lastTransitionTime": since,
+        }
+
+    def shown_by(self, condition: Mapping[str, Any] | None, generation: int) -> bool:
+        """``condition`` already says this about ``generation`` (no write needed)."""
+        return condition is not None and (
+            condition.get("status") == ("True" if self.realized else "False")
+            and condition.get("reason") == self.reason
+            and condition.get("message") == self.message
+            and condition.get("observedGeneration") == generation
+        )
+
+
+def verdict(state: Realization) -> Verdict:
+    """``3/3 nodes run generation 2``, or which nodes are still behind."""
+    counts = f"{state.current}/{state.desired}"
+    label = f"{state.current}-of-{state.desired}"
+    generation = f"generation {state.version.generation}"
+    if state.done and state.desired:
+        return Verdict(True, "AllNodesRealized", f"{counts} nodes run {generation}", label)
+    if state.done:
+        message = f"{counts} nodes: it selects no pod yet; every node runs {generation}"
+        return Verdict(True, "AllNodesRealized", message, label)
+    names = [p.node for p in state.pending[:NAMES_SHOWN]]
+    more = len(state.pending) - len(names)
+    behind = ", ".join(names) + (f" (+{more} more)" if more else "")
+    return Verdict(
+        False,
+        "NodesPending",
+        f"{counts} nodes run {generation}; behind: {behind}",
+        label,
+    )
+
+
+def invalid_verdict(error: str) -> Verdict:
+    """A policy no agent programs: it failed to parse (why, in the message)."""
+    return Verdict(False, "Invalid", f"not programmed by any node: {error}", "invalid")
+
+
+def realized_condition_of(raw: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The object's ``Realized`` condition, if it has one."""
+    for condition in (raw.get("status") or {}).get("conditions") or []:
+        if isinstance(condition, Mapping) and condition.get("type") == REALIZED_CONDITION:
+            return condition
+    return None
+
+
+def with_realized(raw: Mapping[str, Any], found: Verdict, now: str) -> list[dict[str, Any]]:
+    """The object's conditions with ``Realized`` set to ``found`` (others kept as they are)."""
+    generation = version_of(raw).generation
+    kept = [
+        dict(c)
+        for c in (raw.get("status") or {}).get("conditions") or []
+        if isinstance(c, Mapping) and c.get("type") != REALIZED_CONDITION
+    ]
+    return [*kept, found.condition(generation, realized_condition_of(raw), now)]

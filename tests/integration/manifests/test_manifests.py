@@ -246,6 +246,19 @@ ALLOWED: dict[str, list[Case]] = {
             for r in ("ippools", "ipamconfigs")
             for v in ("get", "list")
         ],
+        *[
+            (v, "nodepolicystatuses.crd.tabby.dev", False)
+            for v in ("get", "list", "watch", "delete")
+        ],
+        *[
+            (v, "clusternetworkpolicies.policy.networking.k8s.io", False)
+            for v in ("get", "list", "watch")
+        ],
+        ("update", "clusternetworkpolicies.policy.networking.k8s.io/status", False),
+        *[
+            (v, "networkpolicies.networking.k8s.io", True)
+            for v in ("get", "list", "watch", "patch")
+        ],
     ],
 }
 
@@ -287,7 +300,13 @@ DENIED: dict[str, list[Case]] = {
         ("delete", "nodes", False),
         ("get", "secrets", True),
         ("list", "namespaces", False),
-        ("list", "networkpolicies.networking.k8s.io", True),
+        ("create", "networkpolicies.networking.k8s.io", True),
+        ("delete", "networkpolicies.networking.k8s.io", True),
+        ("update", "clusternetworkpolicies.policy.networking.k8s.io", False),
+        ("patch", "clusternetworkpolicies.policy.networking.k8s.io", False),
+        ("delete", "clusternetworkpolicies.policy.networking.k8s.io", False),
+        ("create", "nodepolicystatuses.crd.tabby.dev", False),
+        ("update", "nodepolicystatuses.crd.tabby.dev", False),
         ("create", "ipamblocks.crd.tabby.dev", False),
         ("create", "blockaffinities.crd.tabby.dev", False),
         ("create", "ipamhandles.crd.tabby.dev", False),
@@ -383,8 +402,10 @@ def test_rules_review_grants_exactly_the_table(kubectl: Kubectl, account: str) -
             for resource in rule["resources"]:
                 if resource in SELF_REVIEWS:
                     continue
+                name, slash, sub = resource.partition("/")  # kubectl's "X.group/status"
+                qualified = (name if not group else f"{name}.{group}") + slash + sub
                 for verb in rule["verbs"]:
-                    granted.add((verb, resource if not group else f"{resource}.{group}"))
+                    granted.add((verb, qualified))
     assert not any("*" in verb or "*" in resource for verb, resource in granted), granted
     expected = {(verb, resource) for verb, resource, _ in ALLOWED[account]}
     assert granted == expected

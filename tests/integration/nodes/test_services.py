@@ -162,7 +162,18 @@ def test_refused_with_an_egress_policy_on_the_client(
             capture_output=True, text=True, timeout=120, check=False,
         )  # fmt: skip
         assert waited.returncode == 0, waited.stdout + waited.stderr
-        assert json.loads(waited.stdout)["currentNodes"] >= 1
+        realized = json.loads(waited.stdout)
+        assert realized["currentNodes"] >= 1
+        # tabby-controllers (its Deployment, its RBAC) shows the same on the object.
+        shown = f"{realized['currentNodes']}-of-{realized['desiredNodes']}"
+
+        def label() -> str:
+            return kube_cluster.kubectl(
+                "-n", NS, "get", "networkpolicy", "client-egress",
+                "-o", r"jsonpath={.metadata.labels.policy\.tabby\.dev/realized}",
+            ).strip()  # fmt: skip
+
+        assert settles(lambda: label() == shown, timeout=30), label()
         # the policy is in force: a port it does not allow times out (dropped)
         node = kube_cluster.nodes[1].ip
         assert settles(lambda: connect(kube_cluster, client, node, 81)[0] == "TIMEOUT", timeout=20)

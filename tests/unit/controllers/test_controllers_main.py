@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import pytest
@@ -63,3 +64,45 @@ def test_failed_pass_exits_1_and_leaves_the_heartbeat_alone(
     argv = ["--kubeconfig=k", "--once", f"--heartbeat-file={heartbeat}"]
     assert gc_main.main(argv) == 1
     assert not heartbeat.exists()
+
+
+class _FakeStatus:
+    """Stands in for PolicyStatusController (its informers need a real apiserver)."""
+
+    made: list[_FakeStatus] = []
+
+    def __init__(self, datastore: Datastore) -> None:
+        self.events: list[str] = []
+        _FakeStatus.made.append(self)
+
+    def start(self) -> None:
+        self.events.append("start")
+
+    def stop(self) -> None:
+        self.events.append("stop")
+
+
+@pytest.mark.parametrize(("env", "runs"), [(None, True), ("off", False)])
+def test_the_policy_status_controller_runs_beside_gc_unless_turned_off(
+    transport: MemoryTransport,
+    monkeypatch: pytest.MonkeyPatch,
+    env: str | None,
+    runs: bool,
+) -> None:
+    _FakeStatus.made.clear()
+    monkeypatch.setattr(gc_main, "PolicyStatusController", _FakeStatus)
+    if env is None:
+        monkeypatch.delenv("POLICY_STATUS", raising=False)
+    else:
+        monkeypatch.setenv("POLICY_STATUS", env)
+
+    def term_after_first_pass(gc: object, heartbeat: object) -> None:
+        signal.raise_signal(signal.SIGTERM)  # the handler main installed ends the loop
+
+    monkeypatch.setattr(gc_main, "run_pass", term_after_first_pass)
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        assert gc_main.main(["--kubeconfig=k"]) == 0
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert [f.events for f in _FakeStatus.made] == ([["start", "stop"]] if runs else [])

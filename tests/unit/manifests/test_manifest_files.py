@@ -268,8 +268,10 @@ def _expected_rules() -> dict[str, dict[tuple[str, str], set[str]]]:
     rules: dict[str, dict[tuple[str, str], set[str]]] = {}
     for account, grants in documented_grants().items():
         for verb, qualified in grants:
-            resource, _, group = qualified.partition(".")
-            rules.setdefault(account, {}).setdefault((group, resource), set()).add(verb)
+            name, slash, subresource = qualified.partition("/")  # "X.group/status"
+            resource, _, group = name.partition(".")
+            key = (group, resource + slash + subresource)
+            rules.setdefault(account, {}).setdefault(key, set()).add(verb)
     return rules
 
 
@@ -533,6 +535,9 @@ def test_controllers_run_ipam_gc_passes(
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("HEARTBEAT_FILE", str(heartbeat))
+    # The policy status thread's informers need watches, which memory does not serve
+    # (tests/unit/controllers/test_controllers_main.py checks that main runs it).
+    monkeypatch.setenv("POLICY_STATUS", "off")
     ds = Datastore(MemoryTransport())
     real_in_cluster = Datastore.in_cluster
     opened: list[str] = []
