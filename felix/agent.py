@@ -673,7 +673,9 @@ class Agent:
         path = self.config.run_dir / "status.json"
         tmp = path.with_suffix(".tmp")
         with self._status_lock:  # passes of ADDs and of the loop may end together
-            tmp.write_text(json.dumps(self.status(), indent=1))
+            # Compact: with indent, json uses its pure-Python encoder (several times
+            # slower, and the loop writes this after the passes of a burst of ADDs).
+            tmp.write_text(json.dumps(self.status(), separators=(",", ":")))
             tmp.replace(path)
 
     # -- shutdown -----------------------------------------------------------------------

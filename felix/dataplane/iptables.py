@@ -24,6 +24,7 @@ Design (after Felix's ``iptables/table.go``):
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import json
 import logging
@@ -66,6 +67,12 @@ class Rule:
 
     def render(self) -> str:
         """The args as iptables-restore reads them (double quotes around spaces)."""
+        return self._rendered
+
+    @functools.cached_property
+    def _rendered(self) -> str:
+        # Once per rule object: a pass hashes every rule of each chain it touches, and
+        # the calculation keeps the same Rule objects from pass to pass.
         return " ".join(_quote(arg) for arg in self.args)
 
 
@@ -177,6 +184,9 @@ class Table:
         self._sleep = sleep
         self._clock = clock
         self._chains: dict[str, list[Rule]] = {}
+        # Each owned chain's rule hashes, with the list they were computed from (a
+        # changed chain gets a new list: set_chain): a pass hashes only what changed.
+        self._hashed: dict[str, tuple[list[Rule], list[str]]] = {}
         self._hooks: dict[str, _Hooks] = {}
         self._kernel: KernelView | None = None
         self._read_at = 0.0
@@ -196,6 +206,7 @@ class Table:
 
     def remove_chain(self, name: str) -> None:
         """Delete chain ``name``; rules that jump to it must be gone in the same apply."""
+        self._hashed.pop(name, None)
         if self._chains.pop(name, None) is not None:
             self._dirty_chains.add(name)
 
@@ -316,7 +327,7 @@ class Table:
                 txn.delete.append(f"-X {chain}")
                 txn.chains += 1
             return
-        hashes = rule_hashes(chain, desired)
+        hashes = self._chain_hashes(chain, desired)
         if current == hashes:
             return
         txn.chains += 1
@@ -324,6 +335,13 @@ class Table:
             txn.declare.append(f":{chain} - [0:0]")
             current = []
         txn.rules.extend(_edit_lines(chain, current, desired, hashes))
+
+    def _chain_hashes(self, chain: str, rules: list[Rule]) -> list[str]:
+        known = self._hashed.get(chain)
+        if known is None or known[0] is not rules:
+            known = (rules, rule_hashes(chain, rules))
+            self._hashed[chain] = known
+        return known[1]
 
     def _plan_hooks(self, txn: _Transaction, chain: str, current: list[str | None]) -> None:
         hooks = self._hooks.get(chain, _Hooks())
@@ -344,7 +362,7 @@ class Table:
         view = {chain: list(hashes) for chain, hashes in kernel.items()}
         for chain in self._dirty_chains:
             if chain in self._chains:
-                view[chain] = list(rule_hashes(chain, self._chains[chain]))
+                view[chain] = list(self._chain_hashes(chain, self._chains[chain]))
             else:
                 view.pop(chain, None)
         for chain in self._dirty_hooks:

@@ -14,10 +14,15 @@ ptp + host-local gets the same calls in the same node, after Tabby.
 Three figures per plugin, and its start-up alone:
 
 - start-up: ``--serial`` VERSION calls (median), which each plugin answers itself:
-  the floor under any of its ADDs (Tabby's plugin is Python, ptp is Go);
+  the floor under any of its ADDs (Tabby's plugin is Python, ptp is Go); and
+  ``--burst`` VERSION calls at once (wall time): the floor under a burst;
 - serial: ``--serial`` ADDs one after another (median per ADD);
 - burst: ``--burst`` ADDs started at once (wall time until the last answers);
 - burst4: the same ADDs, 4 at a time (wall time).
+
+Where a burst's CPU goes (the machine's cores are what a burst shares): the CPU
+seconds the plugin processes, the agent (with the iptables and ipset processes it
+ran) and the apiserver and etcd spent during the burst.
 
 All pods are deleted (CNI DEL) between phases, outside the timed region. The last
 line is ``pod_add serial_ratio=X burst_ratio=Y burst4_ratio=Z`` (Tabby over ptp).
@@ -28,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import secrets
 import statistics
 import subprocess
@@ -49,6 +55,38 @@ from lab.cluster import ClusterSpec, LabCluster  # noqa: E402
 NAMESPACE = "bench"
 CNI_BIN = Path("/usr/lib/cni")
 Call = Callable[[str, str, int], float]  # (command, pod netns, index) -> seconds
+TICK_S = 1 / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """A process's CPU time so far, with that of the children it has waited for."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return sum(int(f) for f in fields[11:15]) * TICK_S  # utime stime cutime cstime
+
+
+def children_cpu_seconds() -> float:
+    """CPU time of this process's finished children: the plugin processes it ran."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+class CPUMeter:
+    """CPU seconds spent by the plugins and by each named process between two reads."""
+
+    def __init__(self, pids: dict[str, int]) -> None:
+        self.pids = pids
+        self._start: dict[str, float] = {}
+
+    def _now(self) -> dict[str, float]:
+        return {"plugins": children_cpu_seconds()} | {
+            name: cpu_seconds(pid) for name, pid in self.pids.items()
+        }
+
+    def start(self) -> None:
+        self._start = self._now()
+
+    def spent(self) -> dict[str, float]:
+        return {name: now - self._start[name] for name, now in self._now().items()}
 
 
 def policies(count: int) -> list[dict[str, Any]]:
@@ -141,10 +179,11 @@ def phases(
     serial: int,
     burst: int,
     settle: Callable[[], None],
+    meter: CPUMeter,
     after_serial: Callable[[], None] = lambda: None,
 ) -> dict[str, float]:
-    """start-up (a VERSION call) and serial medians (s), burst and burst4 wall times (s);
-    pods deleted after each."""
+    """start-up (a VERSION call) and serial medians (s), burst and burst4 wall times (s),
+    the burst's CPU seconds per process (``cpu_NAME``); pods deleted after each."""
 
     def delete(count: int) -> None:
         with ThreadPoolExecutor(4) as pool:
@@ -154,19 +193,27 @@ def phases(
     # The plugin's own start-up, doing no work (VERSION is answered by the plugin
     # itself): the least any ADD of that plugin can take.
     startup = statistics.median(call("VERSION", pods[0], 0) for _ in range(serial))
+    start = time.perf_counter()
+    with ThreadPoolExecutor(burst) as pool:
+        list(pool.map(lambda i: call("VERSION", pods[i], i), range(burst)))
+    startup_burst = time.perf_counter() - start
     serial_times = [call("ADD", pods[i], i) for i in range(serial)]
     after_serial()
     delete(serial)
     out = {
         "startup": startup,
+        "startup_burst": startup_burst,
         "serial": statistics.median(serial_times),
         "serial_max": max(serial_times),
     }
     for name, width in (("burst", burst), ("burst4", 4)):
+        meter.start()
         start = time.perf_counter()
         with ThreadPoolExecutor(width) as pool:
             list(pool.map(lambda i: call("ADD", pods[i], i), range(burst)))
         out[name] = time.perf_counter() - start
+        if name == "burst":
+            out |= {f"cpu_{k}": v for k, v in meter.spent().items()}
         delete(burst)
     return out
 
@@ -210,11 +257,19 @@ def bench(work: Path, serial: int, burst: int, policy_count: int) -> dict[str, d
             serial_ids = {f"tabby{i:04d}" for i in range(serial)}
             results["tabby-agent"] = agent_add_phases(agent_log.log_path, serial_ids)
 
+        assert cluster.cp is not None and agent_log.pid is not None
+        servers = {
+            name: proc.pid
+            for name, proc in (("apiserver", cluster.cp.apiserver), ("etcd", cluster.cp.etcd))
+            if proc is not None and proc.pid is not None
+        }
+        tabby_meter = CPUMeter({"agent": agent_log.pid, **servers})
         results["tabby"] = phases(
-            tabby, made, serial, burst, lambda: wait_for_teardowns(node.netns), read_phases
-        )
+            tabby, made, serial, burst, lambda: wait_for_teardowns(node.netns), tabby_meter,
+            read_phases,
+        )  # fmt: skip
         ptp = caller(node.netns, CNI_BIN / "ptp", ptp_conf, "ptp")
-        results["ptp"] = phases(ptp, made, serial, burst, lambda: None)
+        results["ptp"] = phases(ptp, made, serial, burst, lambda: None, CPUMeter(servers))
         return results
     finally:
         for name in made:
@@ -251,6 +306,20 @@ def main() -> int:
         f"ptp {ptp['startup'] * 1000:.1f} ms; a Tabby ADD doing no work at all would be "
         f"serial_ratio {tabby['startup'] / ptp['serial']:.2f}"
     )
+    print(
+        f"{opts.burst} start-ups at once: tabby {tabby['startup_burst']:.2f} s, "
+        f"ptp {ptp['startup_burst']:.2f} s; a Tabby burst doing no work at all would be "
+        f"burst_ratio {tabby['startup_burst'] / ptp['burst']:.2f}"
+    )
+    cores = os.cpu_count() or 1
+    for plugin, figures in results.items():
+        spent = {k[4:]: v for k, v in figures.items() if k.startswith("cpu_")}
+        print(
+            f"{plugin}: CPU seconds during {opts.burst} at once: "
+            + ", ".join(f"{name} {sec:.2f}" for name, sec in spent.items())
+            + f" (total {sum(spent.values()):.2f} of the {cores * figures['burst']:.2f} "
+            f"that {cores} cores had)"
+        )
     ratios = {k: tabby[k] / ptp[k] for k in ("serial", "burst", "burst4")}
     print(
         f"pod_add serial_ratio={ratios['serial']:.2f} burst_ratio={ratios['burst']:.2f} "
