@@ -13,7 +13,8 @@ folds them, with the Nodes, into each policy object, where a user looks:
 
 ``plan`` is pure: from the four kinds' objects it computes the writes that differ from
 what the objects show (none when nothing changed). The controller runs it after
-informer events, coalesced, and once per resync period. It also deletes the
+informer events, coalesced, and once per resync period; a pass makes at most
+``WRITES_PER_PASS`` writes and the next one follows a second later. It also deletes the
 NodePolicyStatus of a Node that no longer exists, once its agent has been silent for
 ``gc_after_s``.
 """
@@ -59,6 +60,7 @@ RESYNC_S = 60.0  # a pass even without events (a missed event, a Node's health)
 SETTLE_S = 0.05  # events closer than this are one pass (a burst of node reports)
 SETTLE_MAX_S = 0.5  # ... but a steady stream of events still gets a pass this often
 GC_AFTER_S = 300.0  # a gone Node's report is deleted once this old
+WRITES_PER_PASS = 50  # the rest waits a second for the next pass: at most ~50 writes/s
 MESSAGE_MAX = 1024
 
 
@@ -194,6 +196,7 @@ class PassResult:
     conflicts: int = 0  # a status PUT that lost to a newer copy: the next pass retries
     errors: int = 0
     deleted_reports: int = 0
+    deferred: int = 0  # writes left for the next pass (the budget was spent)
 
 
 class PolicyStatusController:
@@ -205,11 +208,13 @@ class PolicyStatusController:
         *,
         resync_s: float = RESYNC_S,
         gc_after_s: float = GC_AFTER_S,
+        writes_per_pass: int = WRITES_PER_PASS,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.datastore = datastore
         self.resync_s = resync_s
         self.gc_after_s = gc_after_s
+        self.writes_per_pass = writes_per_pass
         self.clock = clock
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -277,8 +282,10 @@ class PolicyStatusController:
             except Exception:
                 log.exception("policy status pass failed; the next event or resync retries")
                 continue
-            if result.conflicts or result.errors:
-                self._wake.set()  # the newer copies arrive by the informers: try again soon
+            if result.conflicts or result.errors or result.deferred:
+                # Newer copies arrive by the informers, or the budget was spent (a node
+                # back after many changes): go on in a second, not at once.
+                self._wake.set()
                 self._stop.wait(1.0)
 
     def _settle(self) -> None:
@@ -309,12 +316,14 @@ class PolicyStatusController:
         for reason in writes.skipped_reports:
             log.warning("policy status: skipping a node's report: %s", reason)
         result = PassResult()
-        for status in writes.statuses:
-            self._write(result, f"clusternetworkpolicy {status.name}", self._put_status, status)
-        for mark in writes.marks:
-            self._write(result, f"networkpolicy {mark.namespace}/{mark.name}", self._mark, mark)
-        for gone in writes.deletes:
-            if self._write(result, f"nodepolicystatus {gone.name}", self._delete_report, gone):
+        steps: list[tuple[str, Callable[[Any], None], Any]] = [
+            *[(f"clusternetworkpolicy {w.name}", self._put_status, w) for w in writes.statuses],
+            *[(f"networkpolicy {w.namespace}/{w.name}", self._mark, w) for w in writes.marks],
+            *[(f"nodepolicystatus {w.name}", self._delete_report, w) for w in writes.deletes],
+        ]
+        result.deferred = max(0, len(steps) - self.writes_per_pass)
+        for what, fn, arg in steps[: self.writes_per_pass]:
+            if self._write(result, what, fn, arg) and isinstance(arg, ReportDelete):
                 result.deleted_reports += 1
         if len(writes):
             log.info(
@@ -325,6 +334,7 @@ class PolicyStatusController:
                     "deleted_reports": len(writes.deletes),
                     "conflicts": result.conflicts,
                     "errors": result.errors,
+                    "deferred": result.deferred,
                 },
             )
         return result

@@ -8,7 +8,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from controllers.policy_status import MarkWrite, Plan, ReportDelete, plan
+from controllers.policy_status import (
+    MarkWrite,
+    Plan,
+    PolicyStatusController,
+    ReportDelete,
+    plan,
+)
+from datastore import kinds
+from datastore.client import Datastore
+from datastore.informer import object_key
+from datastore.memory import MemoryTransport
 from policy.realization import REALIZED_ANNOTATION, REALIZED_LABEL
 
 NOW = "2026-12-06T21:00:00Z"
@@ -198,3 +208,34 @@ def test_a_gone_nodes_report_is_deleted_once_old_and_a_malformed_one_skipped() -
     out = run([old, fresh, broken, both_on("a")], [node("a")], [], [])
     assert out.deletes == [ReportDelete("gone", "rv-gone")]
     assert len(out.skipped_reports) == 1 and "bad" in out.skipped_reports[0]
+
+
+def test_a_pass_writes_at_most_its_budget_and_the_next_passes_go_on() -> None:
+    """A node back after many changes means many writes: a pass makes at most
+    ``writes_per_pass`` of them, and the following passes finish the rest."""
+    ds = Datastore(MemoryTransport())
+    for i in range(12):
+        body = networkpolicy()
+        body["metadata"] = {"name": f"np-{i}", "namespace": "web", "generation": 1}
+        ds.create_raw(kinds.NETWORKPOLICY, body)
+    controller = PolicyStatusController(ds, writes_per_pass=5)
+
+    def refresh_caches() -> None:  # what the informers would deliver
+        for role, kind in (("networkpolicies", kinds.NETWORKPOLICY), ("nodes", kinds.NODE)):
+            cache = controller.informers[role].cache
+            cache.clear()
+            for item in ds.list_raw(kind)[0]:
+                cache[object_key(item)] = item
+
+    ds.create_raw(kinds.NODE, node("a"))
+    refresh_caches()
+    done = []
+    for _ in range(4):
+        result = controller.run_pass()
+        done.append((result.written, result.deferred))
+        refresh_caches()
+    assert done == [(5, 7), (5, 2), (2, 0), (0, 0)]
+    labels = {
+        np["metadata"]["labels"][REALIZED_LABEL] for np in ds.list_raw(kinds.NETWORKPOLICY)[0]
+    }
+    assert labels == {"0-of-1"}  # node a has published no report
