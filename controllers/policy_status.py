@@ -190,6 +190,14 @@ def _plan_networkpolicy(
     out.marks.append(MarkWrite(namespace, name, found.label, found.message))
 
 
+def node_health_fields(raw: Obj) -> Obj:
+    """What the realization reads of a Node (its name and conditions): a Node's images
+    and addresses are most of its size, and Nodes change often."""
+    meta = raw.get("metadata") or {}
+    conditions = (raw.get("status") or {}).get("conditions") or []
+    return {"metadata": {"name": meta.get("name")}, "status": {"conditions": conditions}}
+
+
 @dataclass
 class PassResult:
     written: int = 0
@@ -239,7 +247,12 @@ class PolicyStatusController:
             log.warning("ClusterNetworkPolicy is not installed (no CRD): NetworkPolicy only")
             del wanted["cluster"]
         return {
-            role: Informer(self.datastore, kind, handlers, transform=without_managed_fields)
+            role: Informer(
+                self.datastore,
+                kind,
+                handlers,
+                transform=node_health_fields if role == "nodes" else without_managed_fields,
+            )
             for role, kind in wanted.items()
         }
 

@@ -13,13 +13,14 @@ from controllers.policy_status import (
     Plan,
     PolicyStatusController,
     ReportDelete,
+    node_health_fields,
     plan,
 )
 from datastore import kinds
 from datastore.client import Datastore
 from datastore.informer import object_key
 from datastore.memory import MemoryTransport
-from policy.realization import REALIZED_ANNOTATION, REALIZED_LABEL
+from policy.realization import REALIZED_ANNOTATION, REALIZED_LABEL, parse_node_health
 
 NOW = "2026-12-06T21:00:00Z"
 NOW_S = 1796590800.0  # NOW as a Unix time
@@ -239,3 +240,15 @@ def test_a_pass_writes_at_most_its_budget_and_the_next_passes_go_on() -> None:
         np["metadata"]["labels"][REALIZED_LABEL] for np in ds.list_raw(kinds.NETWORKPOLICY)[0]
     }
     assert labels == {"0-of-1"}  # node a has published no report
+
+
+def test_a_slimmed_node_keeps_what_realization_reads() -> None:
+    whole = node("a", ready=False)
+    whole["status"] |= {"images": [{"names": ["x"], "sizeBytes": 1}], "addresses": []}
+    whole["metadata"] |= {"labels": {"k": "v"}, "managedFields": [{}]}
+    slim = node_health_fields(whole)
+    assert slim == {
+        "metadata": {"name": "a"},
+        "status": {"conditions": whole["status"]["conditions"]},
+    }
+    assert parse_node_health(slim) == parse_node_health(whole)
