@@ -24,7 +24,6 @@ Design (after Felix's ``iptables/table.go``):
 from __future__ import annotations
 
 import base64
-import functools
 import hashlib
 import json
 import logging
@@ -67,12 +66,6 @@ class Rule:
 
     def render(self) -> str:
         """The args as iptables-restore reads them (double quotes around spaces)."""
-        return self._rendered
-
-    @functools.cached_property
-    def _rendered(self) -> str:
-        # Once per rule object: a pass hashes every rule of each chain it touches, and
-        # the calculation keeps the same Rule objects from pass to pass.
         return " ".join(_quote(arg) for arg in self.args)
 
 
