@@ -307,7 +307,7 @@ class Agent:
 
     # -- start-up -----------------------------------------------------------------------
     def start(self) -> None:
-        self.config.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        prepare_run_dir(self.config.run_dir)
         self.health = HealthServer(
             self.readiness, self.metrics.registry, self.config.health_host, self.config.health_port
         ).start()
@@ -707,6 +707,17 @@ class Agent:
         log.info("stopping")
         self.stop()
         return 0
+
+
+def prepare_run_dir(run_dir: Path) -> None:
+    """The agent's run directory, root-only (0700) even where it already existed.
+
+    The DaemonSet's hostPath (DirectoryOrCreate) makes /run/tabby 0755; inside are the
+    CNI socket, the ADD journal with every pod's sandbox and address, BGP's work dir
+    and the status files: nothing a non-root process on the node should read.
+    """
+    run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.chmod(run_dir, 0o700)
 
 
 def settle_heap() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import stat
 import subprocess
 import sys
 import time
@@ -71,6 +72,19 @@ def test_add_wires_the_pod_with_an_address_from_the_nodes_block_and_del_releases
     # inside it (off the ADD's path): wait for it, then hold it to exactly this pod.
     wait_for(lambda: listed() != [], timeout=10, what="the endpoint in tabbyctl endpoints")
     assert listed() == [str(address.ip)]
+
+    # What the agent keeps on the node (socket, journal, status) is root's alone.
+    run = agent_node.run_dir
+    modes = {
+        name: stat.S_IMODE((run / name).lstat().st_mode) for name in ("cni.sock", "cni-inflight")
+    }
+    assert (stat.S_IMODE(run.stat().st_mode), modes) == (
+        0o700,
+        {"cni.sock": 0o600, "cni-inflight": 0o700},
+    )
+    for path in run.rglob("*"):
+        info = path.lstat()
+        assert info.st_uid == 0 and not info.st_mode & 0o022, (path, oct(info.st_mode))
 
     code, body = agent_node.health("/readyz")
     assert code == 200, body

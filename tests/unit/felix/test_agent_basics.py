@@ -5,18 +5,21 @@ from __future__ import annotations
 import gc
 import json
 import logging
+import os
 import signal
+import stat
 import threading
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry, Counter
 
 from datastore.client import Datastore
 from datastore.memory import MemoryTransport
-from felix.agent import Agent, AgentConfig
+from felix.agent import Agent, AgentConfig, prepare_run_dir
 from felix.health import HealthServer, Readiness
 from felix.logs import JsonFormatter
 from felix.loop import ReconcileLoop
@@ -109,3 +112,16 @@ def test_run_freezes_the_heap_start_up_built(monkeypatch: pytest.MonkeyPatch) ->
         gc.unfreeze()
         signal.signal(signal.SIGTERM, handlers[0])
         signal.signal(signal.SIGINT, handlers[1])
+
+
+@pytest.mark.parametrize("existing", [None, 0o755, 0o777])
+def test_the_run_dir_is_root_only_even_where_it_existed(
+    tmp_path: Path, existing: int | None
+) -> None:
+    """kubelet's hostPath (DirectoryOrCreate) makes /run/tabby 0755 before the agent runs."""
+    run_dir = tmp_path / "run" / "tabby"
+    if existing is not None:
+        run_dir.mkdir(parents=True)
+        os.chmod(run_dir, existing)
+    prepare_run_dir(run_dir)
+    assert stat.S_IMODE(run_dir.stat().st_mode) == 0o700
