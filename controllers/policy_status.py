@@ -26,13 +26,13 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 from datastore import kinds
 from datastore.client import Datastore
 from datastore.errors import Conflict, DatastoreError, NotFound
 from datastore.informer import Handlers, Informer, without_managed_fields
+from datastore.timestamps import age_seconds, now_iso
 from policy.cluster_policy import parse_cluster_policy
 from policy.errors import PolicyError
 from policy.model import parse_policy
@@ -103,18 +103,6 @@ class Plan:
         return len(self.statuses) + len(self.marks) + len(self.deletes)
 
 
-def now_iso() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _age_s(stamp: str, now: float) -> float | None:
-    try:
-        then = datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
-    except ValueError:
-        return None
-    return now - then.timestamp()
-
-
 def plan(
     reports_raw: Iterable[Obj],
     nodes_raw: Iterable[Obj],
@@ -144,7 +132,7 @@ def plan(
         _plan_networkpolicy(raw, reports, nodes, out)
     present = {n.name for n in nodes}
     for name, raw in sorted(reports_by_name.items()):
-        age = _age_s(reports[name].updated_at, now_s)
+        age = age_seconds(reports[name].updated_at, now_s)
         if name not in present and (age is None or age >= gc_after_s):
             version = str((raw.get("metadata") or {}).get("resourceVersion") or "")
             out.deletes.append(ReportDelete(name, version))

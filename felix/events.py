@@ -10,11 +10,11 @@ from __future__ import annotations
 import logging
 import re
 import socket
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from datastore import kinds
 from datastore.errors import DatastoreError
+from datastore.timestamps import now_iso
 
 if TYPE_CHECKING:
     from datastore.client import Datastore
@@ -45,7 +45,7 @@ def event_body(
     namespace: str, pod: str, reason: str, message: str, node: str, kind: str = "Warning"
 ) -> dict[str, object]:
     """A core/v1 Event about a Pod (pure: the caller writes it)."""
-    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    now = now_iso()
     return {
         "apiVersion": "v1",
         "kind": "Event",

@@ -13,10 +13,9 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from datetime import UTC, datetime
 from typing import Any
 
-from datastore import kinds
+from datastore import kinds, timestamps
 from datastore.client import Datastore
 from datastore.errors import Conflict, NotFound
 from policy.realization import NodeReport, Version
@@ -28,10 +27,6 @@ RETRY_S = 1.0  # after a failed write, doubling up to RETRY_MAX_S while failures
 RETRY_MAX_S = 60.0
 
 
-def _now_iso() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 class RealizationReporter:
     """Publishes the node's :class:`policy.realization.NodeReport`, coalesced."""
 
@@ -41,7 +36,7 @@ class RealizationReporter:
         node: str,
         *,
         min_interval: float = MIN_INTERVAL_S,
-        now_iso: Callable[[], str] = _now_iso,
+        now_iso: Callable[[], str] = timestamps.now_iso,
         on_write: Callable[[bool], None] = lambda _ok: None,
     ) -> None:
         self.datastore = datastore

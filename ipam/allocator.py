@@ -36,7 +36,6 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from ipaddress import IPv4Address, IPv4Network
 from typing import Concatenate, ParamSpec, TypeVar
 
@@ -54,6 +53,7 @@ from datastore.models import (
     IPPool,
     Meta,
 )
+from datastore.timestamps import now_iso
 from ipam.block import AllocationBlock, free_count, host_affinity, is_empty
 from ipam.errors import (
     BlockCorrupt,
@@ -136,10 +136,6 @@ def _locked(
             return method(self, *args, **kwargs)
 
     return wrapper
-
-
-def now_iso() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _checkpoint(step: str) -> None:
