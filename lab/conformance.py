@@ -946,11 +946,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="who enforces NetworkPolicy (default: tabby)")  # fmt: skip
     parser.add_argument(
         "--suite",
-        choices=SUITES,
         default="all",
-        help="e2e: the Netpol specs; services: the Services specs with Tabby, then with "
-        f"{PEER_LABEL} (policy tabby only); cnp: the network-policy-api "
-        "ClusterNetworkPolicy profile (policy tabby only); all (default): each of them",
+        help="comma-separated: e2e: the Netpol specs; services: the Services specs with "
+        f"Tabby, then with {PEER_LABEL} (policy tabby only); cnp: the network-policy-api "
+        "ClusterNetworkPolicy profile (policy tabby only); cyclonus; all (default): each",
     )
     parser.add_argument("--focus", default=E2E_FOCUS, help="e2e spec regex (default: Netpol)")
     parser.add_argument("--procs", type=int, default=3, help="parallel ginkgo processes")
@@ -977,9 +976,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("the lab creates network namespaces: run it as root")
     if args.procs < 1:
         parser.error("--procs must be at least 1")
-    if args.suite == "services" and args.policy != "tabby":
+    explicit = "all" not in args.suite.split(",")  # all: each suite the policy can run
+    try:
+        args.suite = parse_suites(args.suite)
+    except ValueError as err:
+        parser.error(str(err))
+    if explicit and "services" in args.suite and args.policy != "tabby":
         parser.error("--suite services compares Tabby with its peer CNI: use --policy tabby")
-    if args.suite == "cnp" and args.policy != "tabby":
+    if explicit and "cnp" in args.suite and args.policy != "tabby":
         parser.error(f"--suite cnp: {KNP_NO_CNP}")
     args.cyclonus_modes = [m for m in args.cyclonus_modes.split(",") if m]
     unknown = sorted(set(args.cyclonus_modes) - set(CYCLONUS_MODES))
@@ -994,6 +998,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"conformance-{args.policy}.md")
     )  # fmt: skip
     return _run(args, report)
+
+
+def parse_suites(value: str) -> frozenset[str]:
+    """`--suite e2e,cyclonus` runs both on one lab; `all` is every suite."""
+    names = [n.strip() for n in value.split(",") if n.strip()]
+    unknown = sorted(set(names) - set(SUITES))
+    if unknown or not names:
+        raise ValueError(f"--suite takes a comma-separated list of {', '.join(SUITES)}; "
+                         f"got {', '.join(unknown) or 'none'}")  # fmt: skip
+    if "all" in names:
+        return frozenset(SUITES) - {"all"}
+    return frozenset(names)
 
 
 # What to run on a lab: (progress line, how to run it against that lab's kubeconfig).
@@ -1082,7 +1098,7 @@ def _run(args: argparse.Namespace, report: Path) -> int:
 
 
 def _runs_services(args: argparse.Namespace) -> bool:
-    return args.suite in ("all", "services") and args.policy == "tabby"
+    return "services" in args.suite and args.policy == "tabby"
 
 
 def _services_plan(
@@ -1096,7 +1112,7 @@ def _services_plan(
 def _suites(args: argparse.Namespace, bin_dir: Path, skips: dict[str, str]) -> Plan:
     """What this invocation runs on the policy's lab, in order."""
     plan: Plan = []
-    if args.suite in ("all", "e2e"):
+    if "e2e" in args.suite:
         suite = netpol_suite(skips, args.focus)
         plan.append(
             (
@@ -1106,14 +1122,14 @@ def _suites(args: argparse.Namespace, bin_dir: Path, skips: dict[str, str]) -> P
         )
     if _runs_services(args):  # before cyclonus: minutes, not an hour, to its first finding
         plan.append(_services_plan(args, bin_dir, "tabby", skips))
-    if args.suite in ("all", "cnp") and args.policy == "tabby":
+    if "cnp" in args.suite and args.policy == "tabby":
         plan.append(
             (
                 f"{NPAPI_SUITE} conformance profile",
                 partial(_npapi, bin_dir, args.out, _commit(), skips),
             )
         )
-    if args.suite in ("all", "cyclonus"):
+    if "cyclonus" in args.suite:
         for mode in args.cyclonus_modes:
             plan.append(
                 (

@@ -26,6 +26,7 @@ from lab.conformance import (
     parse_cyclonus_junit,
     parse_ginkgo_report,
     parse_go_test_verbose,
+    parse_suites,
     policy_changes,
     remove_lab_dir,
     render_markdown,
@@ -441,3 +442,20 @@ def test_the_suite_and_the_crd_come_from_one_network_policy_api_release() -> Non
     assert len(versions) == 2 and len(set(versions.values())) == 1, versions
     go_mod = (repo / "hack" / "go" / "npapi-conformance" / "go.mod").read_text()
     assert f"sigs.k8s.io/network-policy-api {versions['build-e2e.sh']}" in go_mod
+
+
+def test_suites_are_a_comma_list_and_all_is_each_of_them() -> None:
+    assert parse_suites("e2e,cyclonus") == {"e2e", "cyclonus"}
+    assert parse_suites(" cyclonus ") == {"cyclonus"}
+    assert parse_suites("all") == {"e2e", "cyclonus", "services", "cnp"}
+    assert parse_suites("e2e,all") == parse_suites("all")
+
+
+def test_an_unknown_or_empty_suite_is_refused_naming_it() -> None:
+    for bad, named in (("e2e,netpol", "netpol"), (",", "none"), ("", "none")):
+        try:
+            parse_suites(bad)
+        except ValueError as err:
+            assert named in str(err) and "e2e" in str(err)
+        else:
+            raise AssertionError(f"{bad!r} was accepted")
