@@ -51,6 +51,7 @@ class Snapshot:
     config: IPAMConfigSpec = field(default_factory=IPAMConfigSpec)
     nodes: set[str] | None = None  # None: not known, so no node-based conclusions
     pods: set[tuple[str, str]] | None = None  # (namespace, name)
+    pod_uids: dict[tuple[str, str], str] | None = None  # (namespace, name) -> metadata.uid
     _decoded_cache: tuple[tuple[int, ...], Decoded] | None = field(
         default=None, init=False, repr=False, compare=False
     )
@@ -70,6 +71,10 @@ class Snapshot:
             pods, _ = ds.list_raw(kinds.POD)
             snapshot.nodes = {n["metadata"]["name"] for n in nodes}
             snapshot.pods = {(p["metadata"]["namespace"], p["metadata"]["name"]) for p in pods}
+            snapshot.pod_uids = {
+                (p["metadata"]["namespace"], p["metadata"]["name"]): p["metadata"].get("uid", "")
+                for p in pods
+            }
         return snapshot
 
     def allocation_blocks(self) -> list[tuple[IPAMBlock, AllocationBlock]]:
@@ -223,12 +228,22 @@ def leak_reason(alloc: Allocation, snapshot: Snapshot) -> str | None:
 
     Like Calico: an allocation naming a pod is in use while that pod exists; a
     tunnel address while its node exists; one without such attributes is assumed
-    in use (nobody can tell).
+    in use (nobody can tell). An allocation that also names its pod's UID (the
+    runtime's K8S_POD_UID) is in use only while *that* pod exists: a pod deleted and
+    created again under the same name (a StatefulSet's) does not keep the address
+    its earlier sandbox held, if that sandbox's DEL never came (its node died).
     """
     attrs = alloc.attrs
     if "pod" in attrs and snapshot.pods is not None:
-        if (attrs.get("namespace", ""), attrs["pod"]) not in snapshot.pods:
-            return f"pod {attrs.get('namespace', '')}/{attrs['pod']} does not exist"
+        key = (attrs.get("namespace", ""), attrs["pod"])
+        if key not in snapshot.pods:
+            return f"pod {key[0]}/{key[1]} does not exist"
+        current = (snapshot.pod_uids or {}).get(key)
+        if attrs.get("uid") and current and current != attrs["uid"]:
+            return (
+                f"pod {key[0]}/{key[1]} was created again (uid {current}); the address "
+                f"belongs to its earlier incarnation (uid {attrs['uid']})"
+            )
         return None
     tunnel = attrs.get("type") in TUNNEL_TYPES
     if tunnel and snapshot.nodes is not None and attrs.get("node") not in snapshot.nodes:

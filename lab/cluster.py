@@ -52,6 +52,7 @@ class PodInfo:
     container_id: str
     ip: str
     labels: dict[str, str] = field(default_factory=dict)
+    uid: str = ""  # the Pod object's metadata.uid, passed as K8S_POD_UID
 
     @property
     def key(self) -> str:
@@ -199,6 +200,24 @@ class LabCluster(PodLab[PodInfo]):
         assert proc.pid is not None
         return proc.pid
 
+    def kill_agent(self, name: str, while_down: Callable[[], None] | None = None) -> int:
+        """kill -9 the node's tabby-node (by PID), run *while_down*, start it again with
+        the same args and wait for its CNI socket; returns the new pid."""
+        assert self.lab is not None
+        proc = next(p for p in self.lab.processes if p.name == f"tabby-node-{name}")
+        if proc.proc is not None:
+            proc.proc.kill()
+            proc.proc.wait()
+        proc.proc = None
+        (self.run_dir(name) / "cni.sock").unlink(missing_ok=True)
+        if while_down is not None:
+            while_down()
+        proc.start()
+        PidRegistry(self.lab.state_dir / "pids.json").record(proc)
+        self._wait_agent(self.node(name))
+        assert proc.pid is not None
+        return proc.pid
+
     # -- access -------------------------------------------------------------------------
     @property
     def cni_bin_dir(self) -> Path:
@@ -243,19 +262,40 @@ class LabCluster(PodLab[PodInfo]):
             "metadata": {"name": name, "namespace": namespace, "labels": labels or {}},
             "spec": {"nodeName": node, "containers": [container]},
         }
-        _create(lambda b: ds.create_raw(kinds.POD, b), body)
-        digest = hashlib.sha1(f"{namespace}.{name}".encode()).hexdigest()
-        pod_ns = self.lab.ns(f"p{digest[:8]}")
+        try:
+            uid = ds.create_raw(kinds.POD, body)["metadata"]["uid"]
+        except AlreadyExists:
+            uid = ds.get_raw(kinds.POD, name, namespace)["metadata"]["uid"]
+        pod_ns, container_id = self.sandbox_of(namespace, name)
         if not netns.exists(pod_ns):
             netns.add(pod_ns)
-        container_id = digest[:32]
-        result = self.cni(node, "ADD", container_id, pod_ns, namespace, name)
+        result = self.cni(node, "ADD", container_id, pod_ns, namespace, name, uid)
         ip = result["ips"][0]["address"].split("/")[0]
         self._report_pod_ip(ds, namespace, name, ip)
-        pod = PodInfo(namespace, name, node, pod_ns, container_id, ip, labels or {})
+        pod = PodInfo(namespace, name, node, pod_ns, container_id, ip, labels or {}, uid)
         self.pods[pod.key] = pod
         self._save(added=pod)
         return pod
+
+    def sandbox_of(self, namespace: str, name: str) -> tuple[str, str]:
+        """The pod's sandbox: (network namespace, container ID), fixed by its name."""
+        assert self.lab is not None
+        digest = hashlib.sha1(f"{namespace}.{name}".encode()).hexdigest()
+        return self.lab.ns(f"p{digest[:8]}"), digest[:32]
+
+    def abandon_pod(self, namespace: str, name: str, node: str) -> None:
+        """What a runtime does after a failed ADD: DEL, remove the sandbox; then the
+        Pod object goes too (the pod was never recorded as created)."""
+        pod_ns, container_id = self.sandbox_of(namespace, name)
+        try:
+            uid = self.datastore().get_raw(kinds.POD, name, namespace)["metadata"]["uid"]
+        except NotFound:
+            uid = ""
+        self.cni(node, "DEL", container_id, pod_ns, namespace, name, uid)
+        if netns.exists(pod_ns):
+            netns.delete(pod_ns)
+        with contextlib.suppress(NotFound):
+            self.datastore().delete_raw(kinds.POD, name, namespace)
 
     @staticmethod
     def _report_pod_ip(ds: Datastore, namespace: str, name: str, ip: str) -> None:
@@ -305,16 +345,24 @@ class LabCluster(PodLab[PodInfo]):
 
     def delete_pod(self, namespace: str, name: str) -> None:
         pod = self.pods.pop(f"{namespace}/{name}")
-        self.cni(pod.node, "DEL", pod.container_id, pod.netns, namespace, name)
+        self.cni(pod.node, "DEL", pod.container_id, pod.netns, namespace, name, pod.uid)
         netns.delete(pod.netns)
         with contextlib.suppress(NotFound):
             self.datastore().delete_raw(kinds.POD, name, namespace)
         self._save(removed=pod.key)
 
     def cni(
-        self, node: str, command: str, container_id: str, pod_ns: str, namespace: str, name: str
+        self,
+        node: str,
+        command: str,
+        container_id: str,
+        pod_ns: str,
+        namespace: str,
+        name: str,
+        uid: str = "",
     ) -> dict[str, Any]:
-        """Execute the installed plugin inside the node, as a runtime would."""
+        """Execute the installed plugin inside the node, as a runtime would (containerd
+        passes the pod's UID too)."""
         config = conflist(
             socket=str(self.run_dir(node) / "cni.sock"), chain_portmap=False, chain_bandwidth=False
         )
@@ -325,7 +373,8 @@ class LabCluster(PodLab[PodInfo]):
             "CNI_IFNAME": "eth0",
             "CNI_NETNS": f"/run/netns/{pod_ns}",
             "CNI_PATH": str(self.cni_bin_dir),
-            "CNI_ARGS": f"IgnoreUnknown=1;K8S_POD_NAMESPACE={namespace};K8S_POD_NAME={name}",
+            "CNI_ARGS": f"IgnoreUnknown=1;K8S_POD_NAMESPACE={namespace};K8S_POD_NAME={name}"
+            + (f";K8S_POD_UID={uid}" if uid else ""),
         }
         proc = subprocess.run(
             ["ip", "netns", "exec", self.node(node).netns, str(self.cni_bin_dir / "tabby")],

@@ -220,6 +220,8 @@ class CNIHandlers:
             attrs["namespace"] = ref.namespace
         if ref.name:
             attrs["pod"] = ref.name
+        if ref.uid:  # GC tells a re-created pod of the same name from this one
+            attrs["uid"] = ref.uid
         return attrs
 
     def _assign(self, request: CNIRequest) -> ipaddress.IPv4Address:

@@ -396,7 +396,7 @@ def test_assign_gets_handle_and_pod_attributes(kernel: FakeKernel) -> None:
     assert seen == [
         (
             f"{NET}.c1",
-            {"ifname": "eth0", "namespace": "default", "pod": "nginx"},
+            {"ifname": "eth0", "namespace": "default", "pod": "nginx", "uid": "u-nginx"},
         )
     ]
 

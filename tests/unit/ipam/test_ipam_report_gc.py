@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import add_node, add_pod, add_pool
 
+from datastore import kinds
 from datastore.client import Datastore
 from datastore.memory import MemoryTransport
 from datastore.models import (
@@ -249,6 +250,40 @@ def test_leaks_released_after_grace_whole_handles_only(ds: Datastore) -> None:
     assert len(result.released_ips) == 2
     assert result.leak_candidates == 3
     assert {h.spec.handle_id for h in ds.list(IPAMHandle)} == {"mixed"}
+
+
+def test_a_pod_created_again_under_its_name_does_not_keep_the_earlier_address(
+    ds: Datastore,
+) -> None:
+    """Issue 20 (Calico's StatefulSet leak): web-0 ran on n1, n1 died before its DEL,
+    web-0 was created again (a new uid) and runs on n2. The address n1's sandbox held
+    names the same pod name, but not the pod that exists: it is a leak, GC releases it
+    after its grace, and the live web-0's address is kept."""
+    add_pool(ds, "p", "10.0.0.0/24")
+    add_node(ds, "n1")  # NotReady, not deleted yet: its leaks wait for the grace period
+    add_node(ds, "n2")
+    old_attrs = {"namespace": "ns", "pod": "web-0", "uid": "uid-1"}
+    (old_ip,) = alloc(ds, "n1").auto_assign("k8s-pod-network.sandbox1", old_attrs)
+    add_pod(ds, "ns", "web-0")  # the apiserver gives it a uid of its own
+    uid = ds.get_raw(kinds.POD, "web-0", "ns")["metadata"]["uid"]
+    assert uid and uid != "uid-1"
+    new_attrs = {"namespace": "ns", "pod": "web-0", "uid": uid}
+    (new_ip,) = alloc(ds, "n2").auto_assign("k8s-pod-network.sandbox2", new_attrs)
+    # an allocation without a uid (written before uids were recorded) keeps its pod's
+    (legacy_ip,) = alloc(ds, "n2").auto_assign("legacy", {"namespace": "ns", "pod": "web-0"})
+
+    (leak,) = check(Snapshot.load(ds)).leaks
+    assert (leak.ip, leak.handle) == (str(old_ip), "k8s-pod-network.sandbox1")
+    assert f"created again (uid {uid})" in leak.reason and "uid-1" in leak.reason
+    clock = Clock()
+    gc = IPAMGarbageCollector(ds, grace=60, clock=clock)
+    assert gc.run_once().released_ips == []
+    clock.now += 60
+    assert [str(ip) for ip in gc.run_once().released_ips] == [str(old_ip)]
+    handles = {h.spec.handle_id for h in ds.list(IPAMHandle)}
+    assert handles == {"k8s-pod-network.sandbox2", "legacy"}
+    assert alloc(ds, "n2").addresses_of("k8s-pod-network.sandbox2") == [new_ip]
+    assert alloc(ds, "n2").addresses_of("legacy") == [legacy_ip]
 
 
 def test_gc_release_is_aba_safe(ds: Datastore) -> None:

@@ -31,13 +31,13 @@ CHILD = textwrap.dedent(
 
     class FakeDatastore:
         transport = type("T", (), {"request": staticmethod(lambda *a, **k: {})})()
-        def create_raw(self, *_a): return {}
+        def create_raw(self, *_a): return {"metadata": {"uid": f"uid-{index}"}}
 
     class FakeLab:
         lab_id = None  # cluster.json stays loadable without a real Lab
         def ns(self, role): return f"tlab-test-{role}"
 
-    def add(node, command, cid, pod_ns, namespace, name):
+    def add(node, command, cid, pod_ns, namespace, name, uid):
         (workdir / f"loaded-{index}").touch()
         deadline = time.monotonic() + 30
         while len(list(workdir.glob("loaded-*"))) < n and time.monotonic() < deadline:
@@ -65,4 +65,5 @@ def test_concurrent_pod_creates_keep_every_pod(tmp_path: Path) -> None:
     pods = json.loads((tmp_path / "cluster.json").read_text())["pods"]
     assert sorted(pods) == sorted(f"default/pod-{i}" for i in range(N))
     assert {p["ip"] for p in pods.values()} == {f"10.244.0.{i + 10}" for i in range(N)}
+    assert {p["uid"] for p in pods.values()} == {f"uid-{i}" for i in range(N)}
     assert not list(tmp_path.glob("cluster.json.*tmp*")), "a temp file was left behind"
