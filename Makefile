@@ -5,7 +5,7 @@ PYTEST := $(PY) -m pytest
 STAMP := .venv/.installed
 export TABBY_CACHE_DIR ?= $(CURDIR)/.cache
 
-.PHONY: all deps venv build images lint test test-unit test-integration test-nodes conformance demo demo-down clean
+.PHONY: all deps venv build images lint test test-unit test-integration test-nodes conformance soak demo demo-down clean
 
 all: test
 
@@ -59,6 +59,13 @@ test: deps venv build images lint
 POLICY ?= tabby
 conformance: deps venv build images
 	$(PY) -m lab.conformance --policy $(POLICY) $(CONFORMANCE_ARGS)
+
+# Churn and faults on a 3-node lab for SOAK_MINUTES (default 15), a seeded schedule
+# (SOAK_SEED, default random and printed): tests/soak/runner.py. Ends with one line
+# `soak minutes=... duplicates=0 leaks=0 policy_violations=0 flows_lost=0`.
+SOAK_MINUTES ?= 15
+soak: deps venv build
+	$(PY) -m tests.soak.runner --minutes $(SOAK_MINUTES) $(if $(SOAK_SEED),--seed $(SOAK_SEED))
 
 # The README's first command: a 3-node lab with pods, BGP and a policy. `make demo-down` ends it.
 demo: deps venv build images

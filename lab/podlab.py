@@ -87,23 +87,28 @@ class PodLab(Generic[PodT]):
         its (seconds-long) ADD; writing its whole view back would drop the pods that
         others added meanwhile. So the pods are re-read under an exclusive flock, only
         this call's pod is added or removed, and the file is replaced atomically (a
-        reader never sees half a file).
+        reader never sees half a file). The new view is built apart and then put in
+        place, so threads of one process (the soak's bursts) may add and remove pods
+        at once too.
         """
         path = self.workdir / "cluster.json"
         with locked(self.workdir / "cluster.json.lock"):
             if path.exists() and not fresh:
                 stored = json.loads(path.read_text()).get("pods", {})
-                self.pods = {k: self.pod_type(**v) for k, v in stored.items()}
+                pods = {k: self.pod_type(**v) for k, v in stored.items()}
+            else:
+                pods = dict(self.pods)  # one C-level copy: no thread changes it midway
             if added is not None:
-                self.pods[added.key] = added
+                pods[added.key] = added
             if removed is not None:
-                self.pods.pop(removed, None)
+                pods.pop(removed, None)
             state = {
                 "mode": self.mode,
                 "spec": asdict(self.spec),
                 "lab_id": self.lab.lab_id if self.lab else None,
                 "apiserver_port": self.apiserver_port,
-                "pods": {k: asdict(v) for k, v in self.pods.items()},  # type: ignore[call-overload]
+                "pods": {k: asdict(v) for k, v in pods.items()},  # type: ignore[call-overload]
                 **self._extra_state(),
             }
             atomic_write(path, json.dumps(state, indent=1))
+            self.pods = pods

@@ -180,9 +180,19 @@ class TruthLab:
         self.baseline: tuple[dict[str, Any], dict[str, Any]] | None = None
 
     @classmethod
-    def up(cls, workdir: Path, backend: str, progress: Progress = _quiet) -> TruthLab:
+    def up(
+        cls,
+        workdir: Path,
+        backend: str,
+        progress: Progress = _quiet,
+        *,
+        nodes: int = 2,
+        resync_interval_s: float = 30.0,
+    ) -> TruthLab:
         agent_backend, _ = BACKENDS[backend]
-        spec = ClusterSpec(nodes=2, iptables_backend=agent_backend)
+        spec = ClusterSpec(
+            nodes=nodes, iptables_backend=agent_backend, resync_interval_s=resync_interval_s
+        )
         cluster = LabCluster.up(workdir, spec, progress)
         lab = cls(cluster, World.create([n.name for n in cluster.nodes]), backend)
         try:
@@ -274,6 +284,10 @@ class TruthLab:
                 self.label_namespace(name, {**dict.fromkeys(current), **labels})
 
     # -- probing -----------------------------------------------------------------------
+    def probe(self, cells: Iterable[Cell], timeout: float = PROBE_TIMEOUT_S) -> dict[Cell, str]:
+        """Probe these cells once, all at once: the result of each."""
+        return self._probe(cells, timeout)
+
     def _probe(self, cells: Iterable[Cell], timeout: float) -> dict[Cell, str]:
         batches: dict[str, list[list[Any]]] = {}
         by_key: dict[str, Cell] = {}

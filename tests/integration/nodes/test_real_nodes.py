@@ -22,6 +22,7 @@ from tests.integration.nodes.conftest import service_answers, web_service
 pytestmark = pytest.mark.integration
 
 DEPLOYMENT_REPLICAS = 30
+AGENT_HEALTH_PORT = 9099  # the DaemonSet's probes: /healthz, /readyz, /metrics
 
 
 def _json(cluster: KubeCluster, *args: str) -> Any:
@@ -115,6 +116,32 @@ def test_pods_reach_the_kubernetes_service(kube_cluster: KubeCluster) -> None:
     )
     # Any HTTP answer (401/403 without credentials) proves the path to the apiserver.
     assert got.stdout in {"401", "403"}, (got.returncode, got.stdout, got.stderr)
+
+
+def test_pods_reach_neither_the_agents_health_and_metrics_server_nor_its_socket(
+    kube_cluster: KubeCluster,
+) -> None:
+    """Issue 20 (access): the agent's server answers its node (kubelet's probes) on
+    loopback only, so no pod reaches it, on its own node or from another; the CNI
+    socket is root's alone, in a root-only directory of the node."""
+    node, other = kube_cluster.nodes[0], kube_cluster.nodes[-1]
+    local = kube_cluster.create_pod("access", "local", node.name)
+    remote = kube_cluster.create_pod("access", "remote", other.name)
+
+    def status_of(host: str, path: str) -> list[str]:
+        url = f"http://{host}:{AGENT_HEALTH_PORT}{path}"
+        return ["curl", "-s", "-m", "3", "-o", "/dev/null", "-w", "%{http_code}", url]
+
+    for path in ("/metrics", "/healthz", "/readyz"):
+        on_node = ["ip", "netns", "exec", node.netns, *status_of("127.0.0.1", path)]
+        got = subprocess.run(on_node, capture_output=True, text=True, timeout=20, check=False)
+        assert got.stdout == "200", f"the node could not read its agent's {path}: {got}"
+        for pod in (local, remote):
+            got = kube_cluster.exec(pod.key, status_of(node.ip, path))
+            assert got.stdout == "000" and got.returncode != 0, (pod.key, path, got)
+    run_dir = kube_cluster.run_dir(node.name)
+    assert run_dir.stat().st_mode & 0o777 == 0o700
+    assert (run_dir / "cni.sock").stat().st_mode & 0o777 == 0o600
 
 
 def test_kubectl_exec_and_logs_stream_through_kubelet(kube_cluster: KubeCluster) -> None:
