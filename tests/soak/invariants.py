@@ -127,7 +127,7 @@ class Tally:
 
     def last_line(self) -> str:
         return (
-            f"soak minutes={self.minutes:.1f} seed={self.seed} pods={self.pods} "
+            f"soak minutes={self.minutes:.1f} pods={self.pods} "
             f"policies={self.policies} faults={self.faults} duplicates={self.duplicates} "
             f"leaks={self.leaks} policy_violations={self.policy_violations} "
             f"flows_lost={self.flows_lost}"

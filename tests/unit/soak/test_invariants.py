@@ -89,6 +89,6 @@ def test_the_tally_counts_repeats_once_when_asked_and_ends_with_the_last_line() 
     assert Tally(seed=1).clean
     tally.minutes, tally.pods, tally.faults = 2.04, 30, 6
     assert tally.last_line() == (
-        "soak minutes=2.0 seed=9 pods=30 policies=0 faults=6 duplicates=0 leaks=2 "
+        "soak minutes=2.0 pods=30 policies=0 faults=6 duplicates=0 leaks=2 "
         "policy_violations=2 flows_lost=0"
     )
