@@ -31,7 +31,7 @@ from datastore.models import BGPConfiguration, BGPConfigurationSpec, IPPool, IPP
 from lab import netns
 from lab.controlplane import ControlPlane
 from lab.podlab import PodLab, clear_workdir
-from lab.process import PidRegistry
+from lab.process import ManagedProcess, PidRegistry
 from lab.topology import Lab, Node
 
 log = logging.getLogger(__name__)
@@ -188,27 +188,22 @@ class LabCluster(PodLab[PodInfo]):
     def restart_agent(self, name: str, while_down: Callable[[], None] | None = None) -> int:
         """Stop the node's tabby-node (SIGTERM), run *while_down* (a fault to inject while
         it is stopped), start it again, wait for its CNI socket; returns the new pid."""
-        assert self.lab is not None
-        proc = next(p for p in self.lab.processes if p.name == f"tabby-node-{name}")
-        proc.stop()
-        (self.run_dir(name) / "cni.sock").unlink(missing_ok=True)
-        if while_down is not None:
-            while_down()
-        proc.start()
-        PidRegistry(self.lab.state_dir / "pids.json").record(proc)
-        self._wait_agent(self.node(name))
-        assert proc.pid is not None
-        return proc.pid
+        return self._restart_agent(name, ManagedProcess.stop, while_down)
 
     def kill_agent(self, name: str, while_down: Callable[[], None] | None = None) -> int:
         """kill -9 the node's tabby-node (by PID), run *while_down*, start it again with
         the same args and wait for its CNI socket; returns the new pid."""
+        return self._restart_agent(name, _kill, while_down)
+
+    def _restart_agent(
+        self,
+        name: str,
+        stop: Callable[[ManagedProcess], None],
+        while_down: Callable[[], None] | None,
+    ) -> int:
         assert self.lab is not None
         proc = next(p for p in self.lab.processes if p.name == f"tabby-node-{name}")
-        if proc.proc is not None:
-            proc.proc.kill()
-            proc.proc.wait()
-        proc.proc = None
+        stop(proc)
         (self.run_dir(name) / "cni.sock").unlink(missing_ok=True)
         if while_down is not None:
             while_down()
@@ -429,6 +424,14 @@ class LabCluster(PodLab[PodInfo]):
             self.cp.stop()
         else:
             PidRegistry(self.workdir / "controlplane" / "pids.json").kill_leftovers()
+
+
+def _kill(proc: ManagedProcess) -> None:
+    """SIGKILL by PID, reaped: no chance to clean up, as the OOM killer does it."""
+    if proc.proc is not None:
+        proc.proc.kill()
+        proc.proc.wait()
+    proc.proc = None
 
 
 def _create(create: Callable[[Any], Any], obj: Any) -> None:

@@ -48,7 +48,7 @@ from policy.naming import endpoint_chain_names
 from tests.soak import policies
 from tests.soak.invariants import Endpoint, Tally, duplicates, leaks, unheld_addresses
 from tests.soak.schedule import FAULT_KINDS, Event, schedule
-from tests.truthtable.harness import BACKENDS, PROBE_TIMEOUT_S, TruthLab
+from tests.truthtable.harness import BACKENDS, PROBE_TIMEOUT_S, TruthLab, stop_processes
 from tests.truthtable.world import NAMESPACES, Cell
 
 CHURN_NS = "soak-churn"
@@ -348,18 +348,7 @@ class Soak:
         return report
 
     def stop_flow(self) -> None:
-        for proc in self.flow_procs:
-            if proc.poll() is None:
-                proc.terminate()
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=5)
-            for stream in (proc.stdin, proc.stdout):
-                if stream is not None:
-                    with contextlib.suppress(OSError):
-                        stream.close()
+        stop_processes(self.flow_procs)
         self.flow_procs.clear()
 
     # -- invariants ---------------------------------------------------------------------
