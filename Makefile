@@ -60,7 +60,7 @@ POLICY ?= tabby
 conformance: deps venv build images
 	$(PY) -m lab.conformance --policy $(POLICY) $(CONFORMANCE_ARGS)
 
-# Churn and faults on a 3-node lab for SOAK_MINUTES (default 15), a seeded schedule
+# Churn and faults on a 4-node lab for SOAK_MINUTES (default 15), a seeded schedule
 # (SOAK_SEED, default random and printed): tests/soak/runner.py. Ends with one line
 # `soak minutes=... duplicates=0 leaks=0 policy_violations=0 flows_lost=0`.
 SOAK_MINUTES ?= 15

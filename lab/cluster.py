@@ -15,6 +15,9 @@ import contextlib
 import hashlib
 import json
 import logging
+import os
+import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -23,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bgp.speaker import is_our_speaker
 from cni.install import conflist, install_plugin
 from datastore import kinds
 from datastore.client import Datastore
@@ -180,7 +184,7 @@ class LabCluster(PodLab[PodInfo]):
         deadline = time.monotonic() + AGENT_START_TIMEOUT_S
         sock = self.run_dir(node.name) / "cni.sock"
         while not sock.exists():
-            proc = next(p for p in self.lab.processes if p.name == f"tabby-node-{node.name}")
+            proc = self._agent_process(node.name)
             if not proc.alive() or time.monotonic() > deadline:
                 raise RuntimeError(f"tabby-node on {node.name} did not start:\n{proc.log_tail(30)}")
             time.sleep(0.1)
@@ -202,7 +206,7 @@ class LabCluster(PodLab[PodInfo]):
         while_down: Callable[[], None] | None,
     ) -> int:
         assert self.lab is not None
-        proc = next(p for p in self.lab.processes if p.name == f"tabby-node-{name}")
+        proc = self._agent_process(name)
         stop(proc)
         (self.run_dir(name) / "cni.sock").unlink(missing_ok=True)
         if while_down is not None:
@@ -212,6 +216,64 @@ class LabCluster(PodLab[PodInfo]):
         self._wait_agent(self.node(name))
         assert proc.pid is not None
         return proc.pid
+
+    def remove_node(self, name: str) -> list[PodInfo]:
+        """The node's machine lost, as when a cloud replaces it: its agent and ExaBGP
+        killed by PID, its sandboxes gone without a DEL, its Pod objects deleted (the
+        pod GC's work) and its Node object deleted. Returns the pods lost with it.
+
+        The node's network namespace stays: :meth:`rejoin_node` brings the node back
+        under the same name, as a new machine would register.
+        """
+        assert self.lab is not None
+        _kill(self._agent_process(name))
+        self._kill_speaker(name)
+        ds = self.datastore()
+        lost = [pod for pod in list(self.pods.values()) if pod.node == name]
+        for pod in lost:
+            self.pods.pop(pod.key, None)
+            if netns.exists(pod.netns):
+                netns.delete(pod.netns)
+            with contextlib.suppress(NotFound):
+                ds.delete_raw(kinds.POD, pod.name, pod.namespace)
+            self._save(removed=pod.key)
+        with contextlib.suppress(NotFound):
+            ds.delete_raw(kinds.NODE, name)
+        return lost
+
+    def rejoin_node(self, name: str) -> int:
+        """A removed node back under its name, as after a reinstall: an empty run dir,
+        its Node object registered again, its agent started; returns the agent's pid."""
+        assert self.lab is not None
+        shutil.rmtree(self.run_dir(name), ignore_errors=True)
+        index = [n.name for n in self.nodes].index(name)
+        self._register_node(self.datastore(), self.node(name), self._is_reflector(index))
+        proc = self._agent_process(name)
+        proc.start()
+        PidRegistry(self.lab.state_dir / "pids.json").record(proc)
+        self._wait_agent(self.node(name))
+        assert proc.pid is not None
+        return proc.pid
+
+    def _agent_process(self, name: str) -> ManagedProcess:
+        assert self.lab is not None
+        return next(p for p in self.lab.processes if p.name == f"tabby-node-{name}")
+
+    def _kill_speaker(self, name: str) -> None:
+        """kill -9 the ExaBGP the node's agent started (its pidfile names it), and wait
+        until it is gone: its BGP sessions end as a lost machine's do."""
+        bgp_dir = self.run_dir(name) / "bgp"
+        try:
+            record = json.loads((bgp_dir / "exabgp.pid").read_text())
+        except (OSError, ValueError):
+            return  # the agent had not started one
+        if not is_our_speaker(record, bgp_dir / "exabgp.conf"):
+            return
+        pid = int(record["pid"])
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
 
     # -- access -------------------------------------------------------------------------
     @property
@@ -432,6 +494,15 @@ def _kill(proc: ManagedProcess) -> None:
         proc.proc.kill()
         proc.proc.wait()
     proc.proc = None
+
+
+def _alive(pid: int) -> bool:
+    """Whether *pid* still runs (a zombie waiting for its parent counts as gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def _create(create: Callable[[Any], Any], obj: Any) -> None:

@@ -29,6 +29,7 @@ from pathlib import Path
 import yaml
 
 from lab.images import import_images
+from lab.kubeproxy import kube_proxy_argv, kube_proxy_config
 from lab.netns import run
 from lab.process import ManagedProcess, PidRegistry, uts_namespace_of
 from lab.runtime import Containerd, remove_cgroup_tree
@@ -304,30 +305,16 @@ class KubeNode:
 
     # -- kube-proxy ---------------------------------------------------------------------
     def kube_proxy_config(self) -> dict[str, object]:
-        return {
-            "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
-            "kind": "KubeProxyConfiguration",
-            "clientConnection": {"kubeconfig": str(self.config.kubeconfig)},
-            "hostnameOverride": self.node.name,
-            "mode": self.config.proxy_mode,
-            "clusterCIDR": self.config.cluster_cidr,
-            "healthzBindAddress": "127.0.0.1:10256",
-            "metricsBindAddress": "127.0.0.1:10249",
-            # Touch no machine-wide conntrack sysctl.
-            "conntrack": {
-                "maxPerCore": 0,
-                "min": 0,
-                "tcpEstablishedTimeout": "0s",
-                "tcpCloseWaitTimeout": "0s",
-            },
-            "iptables": {"minSyncPeriod": "1s"},
-            "nftables": {"minSyncPeriod": "1s"},
-        }
+        return kube_proxy_config(
+            node_name=self.node.name,
+            kubeconfig=self.config.kubeconfig,
+            mode=self.config.proxy_mode,
+            cluster_cidr=self.config.cluster_cidr,
+        )
 
     def _kube_proxy_argv(self) -> list[str]:
-        config = self.workdir / "kube-proxy.yaml"
-        config.write_text(yaml.safe_dump(self.kube_proxy_config()))
-        return [str(self.config.bin_dir / "kube-proxy"), f"--config={config}", "--v=1"]
+        binary = self.config.bin_dir / "kube-proxy"
+        return kube_proxy_argv(binary, self.workdir / "kube-proxy.yaml", self.kube_proxy_config())
 
     # -- teardown -----------------------------------------------------------------------
     def _stop_daemon(self, name: str, proc: ManagedProcess | None) -> None:

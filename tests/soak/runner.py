@@ -3,10 +3,13 @@ every event.
 
 The lab is the truth table's (:class:`~tests.truthtable.harness.TruthLab`): its own
 etcd and kube-apiserver, three node namespaces with real ``tabby-node`` agents
-(ExaBGP full mesh), nine probed pods with servers on TCP, UDP and SCTP and emulated
-Services, and the independent oracle. Around them the soak adds churn pods (bursts
-of ADDs on one node), an established TCP flow between two more pods on different
-nodes, and runs the seeded :mod:`schedule <tests.soak.schedule>`.
+(ExaBGP full mesh) and the real ``kube-proxy`` (nftables mode), nine probed pods with
+servers on TCP, UDP and SCTP, a ClusterIP Service for each, and the independent
+oracle. Around them the soak adds a fourth, spare node
+(churn pods only: the one a ``node-replace`` fault removes and re-adds), churn pods
+(bursts of ADDs on one node), an established TCP flow between two more pods on
+different nodes, ``tabby-controllers`` (its IPAM GC, which cleans up after a removed
+node), and runs the seeded :mod:`schedule <tests.soak.schedule>`.
 
 After each event (a checkpoint): the whole matrix is probed against the oracle
 (converge, then confirm: see the harness), the sandboxes' addresses are read for
@@ -40,6 +43,8 @@ from typing import Any
 
 from bgp.speaker import is_our_speaker
 from datastore import kinds
+from datastore.client import Datastore
+from datastore.errors import DatastoreError
 from felix.wiring import host_ifname_for
 from ipam.report import Snapshot
 from lab import netns
@@ -56,6 +61,11 @@ FLOW_NS = "soak-flow"
 FLOW_PORT = 7000
 FLOW_SCRIPT = Path(__file__).with_name("flow.py")
 RESYNC_S = 10.0  # the agents' full resync: what repairs a deleted route or chain
+GC_INTERVAL_S = 2.0  # tabby-controllers' passes: a removed node is cleaned up in seconds
+GC_GRACE_S = 30.0  # how long a leak must last before GC releases it
+NODE_CLEANUP_TIMEOUT_S = 60.0  # a removed node's blocks and affinities released by then
+REJOIN_REACH_TIMEOUT_S = 60.0  # a pod on a rejoined node reaches another node by then
+SPARE_NODES = 1
 APISERVER_DOWN_S = 60.0
 RESTART_SETTLE_S = 3.0  # restart-window probes go on this long after the agent serves
 WINDOW_SAMPLE = 120  # closed cells probed during a restart
@@ -132,6 +142,7 @@ class Soak:
             "apiserver-stop": self.apiserver_stop,
             "route-delete": self.route_delete,
             "chain-delete": self.chain_delete,
+            "node-replace": self.node_replace,
         }
         self.tally.events += 1
         if event.is_fault:
@@ -313,6 +324,53 @@ class Soak:
         except netns.NetnsError as err:  # the agent never made the chain?
             self.tally.fault_misses.append(f"{event.describe()}: {err}")
 
+    def node_replace(self, event: Event) -> None:
+        """The spare node's machine lost and a new one joining under its name: its churn
+        pods die with it (no DEL), its Node object is deleted, and tabby-controllers'
+        GC must free its blocks and affinities (a stale affinity hands the new node
+        addresses that are still in use: Calico's duplicate IP). Then ADDs on the new
+        node, and one of its pods must reach the flow's server on another node."""
+        lost = self.cluster.remove_node(event.node)
+        with self.lock:
+            for pod in lost:
+                if pod.namespace != CHURN_NS:
+                    raise RuntimeError(f"{pod.key} was on {event.node}, which must hold churn only")
+                self.churn.pop(pod.name, None)
+        self.tally.found("leaks", self.wait_node_cleaned(event.node), event.describe())
+        self.cluster.rejoin_node(event.node)
+        names = [f"r{event.index}-{i}" for i in range(event.count)]
+        failed = self.burst(event.node, names)
+        self.tally.add_failures += [f"{event.describe()}: {err}" for err in failed.values()]
+        self.abandon(event.node, failed)
+        added = [n for n in names if n not in failed]
+        if added:
+            self.tally.found("flows_lost", self.unreachable_from(added[0]), event.describe())
+
+    def wait_node_cleaned(self, node: str) -> list[str]:
+        """What IPAM still gives a removed node after the wait (nothing, when GC works)."""
+        ds = self.cluster.datastore()
+        deadline = time.monotonic() + NODE_CLEANUP_TIMEOUT_S
+        while True:
+            try:
+                stale = _ipam_of_node(ds, node)
+            except DatastoreError as err:
+                stale = [f"IPAM of {node} not readable: {err}"]
+            if not stale or time.monotonic() >= deadline:
+                return [f"{what} still {node}'s after it was deleted" for what in stale]
+            time.sleep(0.5)
+
+    def unreachable_from(self, name: str) -> list[str]:
+        """Ping the flow's server (another node) from a pod of the rejoined node until
+        it answers; the line that says it never did, or nothing."""
+        server = self.cluster.pods[f"{FLOW_NS}/server"]
+        key = f"{CHURN_NS}/{name}"
+        deadline = time.monotonic() + REJOIN_REACH_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.cluster.exec(key, ["ping", "-c1", "-W1", server.ip]).returncode == 0:
+                return []
+            time.sleep(0.2)  # "network unreachable" returns at once: poll, do not spin
+        return [f"{key} on a rejoined node never reached {server.key} ({server.ip})"]
+
     # -- the flow -----------------------------------------------------------------------
     def start_flow(self) -> None:
         """A server pod on the first node, a client on the second, one TCP connection."""
@@ -425,14 +483,57 @@ def run_soak(
 ) -> Tally:
     """Bring the lab up, soak, bring it down (however it ends)."""
     progress(f"soak: {minutes:g} min, seed {seed}, lab in {workdir}")
-    lab = TruthLab.up(workdir, BACKEND, progress, nodes=3, resync_interval_s=RESYNC_S)
+    lab = TruthLab.up(
+        workdir,
+        BACKEND,
+        progress,
+        nodes=3,
+        spare_nodes=SPARE_NODES,
+        resync_interval_s=RESYNC_S,
+        services="kube-proxy",
+    )
     soak = Soak(lab, Tally(seed), apiserver_down_s=apiserver_down_s, progress=progress)
+    controllers: list[subprocess.Popen[str]] = []
     try:
-        events = schedule(seed, [n.name for n in lab.cluster.nodes])
+        controllers.append(start_controllers(lab.cluster.kubeconfig, workdir / "controllers.log"))
+        nodes = [n.name for n in lab.cluster.nodes]
+        events = schedule(seed, nodes, spares=nodes[-SPARE_NODES:])
         return soak.run(events, minutes)
     finally:
+        stop_processes(controllers)
         soak.stop_flow()
         lab.down()
+
+
+def start_controllers(kubeconfig: Path, log_path: Path) -> subprocess.Popen[str]:
+    """tabby-controllers as its Deployment runs it, with short GC intervals (what an
+    operator sets to watch it); the policy status writer is left out: the soak's
+    NetworkPolicy edits are its subject, not writes racing them."""
+    argv = [
+        str(Path(sys.executable).with_name("tabby-controllers")),
+        "--kubeconfig",
+        str(kubeconfig),
+        "--gc-interval-seconds",
+        f"{GC_INTERVAL_S:g}",
+        "--gc-grace-seconds",
+        f"{GC_GRACE_S:g}",
+        "--no-policy-status",
+    ]
+    with open(log_path, "a") as log:
+        return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, text=True)
+
+
+def _ipam_of_node(ds: Datastore, node: str) -> list[str]:
+    """The block affinities and affine blocks that name *node*."""
+    affinities, _ = ds.list_raw(kinds.BLOCKAFFINITY)
+    blocks, _ = ds.list_raw(kinds.IPAMBLOCK)
+    out = [f"affinity {a['metadata']['name']}" for a in affinities if a["spec"].get("node") == node]
+    out += [
+        f"block {b['spec'].get('cidr')}"
+        for b in blocks
+        if b["spec"].get("affinity") == f"host:{node}"
+    ]
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

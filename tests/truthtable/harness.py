@@ -37,6 +37,7 @@ from typing import IO, Any
 
 from datastore import kinds
 from lab.cluster import ClusterSpec, LabCluster
+from tests.truthtable import kubeproxy
 from tests.truthtable.world import PORTS, SERVICE_PORT_OFFSET, Cell, World
 
 log = logging.getLogger(__name__)
@@ -52,6 +53,7 @@ BACKENDS = {
     "nft": ("nft", "iptables-nft"),
     "legacy": ("legacy-iptc", "iptables-legacy"),  # writes via restore, reads via libiptc
 }
+SERVICES = ("emulated", "kube-proxy")  # who translates Service IPs: see TruthLab.up
 
 
 def _quiet(_: str) -> None:
@@ -178,10 +180,15 @@ def _is_open(result: str) -> bool:
 class TruthLab:
     """A lab cluster with the truth-table world in it."""
 
-    def __init__(self, cluster: LabCluster, world: World, backend: str) -> None:
+    def __init__(
+        self, cluster: LabCluster, world: World, backend: str, services: str = "emulated"
+    ) -> None:
+        if services not in SERVICES:
+            raise ValueError(f"services {services!r} is not one of {', '.join(SERVICES)}")
         self.cluster = cluster
         self.world = world
         self.backend = backend
+        self.services = services
         self.agents = PodAgents()
         self.baseline: tuple[dict[str, Any], dict[str, Any]] | None = None
 
@@ -193,14 +200,25 @@ class TruthLab:
         progress: Progress = _quiet,
         *,
         nodes: int = 2,
+        spare_nodes: int = 0,
         resync_interval_s: float = 30.0,
+        services: str = "emulated",
     ) -> TruthLab:
+        """The world's pods on *nodes* nodes; *spare_nodes* more join the cluster with
+        none of them (what a test may remove and re-add without changing the matrix).
+        *services*: ``emulated`` (the DNAT written here) or ``kube-proxy`` (Service
+        objects and the real kube-proxy on the world's nodes)."""
+        if services not in SERVICES:
+            raise ValueError(f"services {services!r} is not one of {', '.join(SERVICES)}")
         agent_backend, _ = BACKENDS[backend]
         spec = ClusterSpec(
-            nodes=nodes, iptables_backend=agent_backend, resync_interval_s=resync_interval_s
+            nodes=nodes + spare_nodes,
+            iptables_backend=agent_backend,
+            resync_interval_s=resync_interval_s,
         )
         cluster = LabCluster.up(workdir, spec, progress)
-        lab = cls(cluster, World.create([n.name for n in cluster.nodes]), backend)
+        world = World.create([n.name for n in cluster.nodes[:nodes]])
+        lab = cls(cluster, world, backend, services)
         try:
             lab._populate(progress)
         except BaseException:
@@ -225,6 +243,15 @@ class TruthLab:
         logs = self.cluster.workdir / "podagents.log"
         for key in self.world.pods:
             self.agents.start(key, self.cluster.pods[key].netns, logs)
+        if self.services == "kube-proxy":
+            progress("starting kube-proxy on the world's nodes")
+            world_nodes = sorted(set(self.world.placement.values()))
+            kubeproxy.start(self.cluster, self.world, [self.cluster.node(n) for n in world_nodes])
+        else:
+            self._emulate_services()
+        self.baseline = self.world.snapshot_labels()
+
+    def _emulate_services(self) -> None:
         _, save_cmd = BACKENDS[self.backend]
         rules = service_rules(self.world)
         for node in self.cluster.nodes:
@@ -236,7 +263,6 @@ class TruthLab:
                 capture_output=True,
                 timeout=60,
             )
-        self.baseline = self.world.snapshot_labels()
 
     def down(self) -> None:
         try:

@@ -6,13 +6,21 @@ from itertools import islice
 
 import pytest
 
-from tests.soak.schedule import CHURN_KINDS, FAULT_KINDS, MAX_BURST, schedule
+from tests.soak.schedule import (
+    CHURN_KINDS,
+    FAULT_KINDS,
+    FAULT_SHARE,
+    FAULT_WEIGHTS,
+    MAX_BURST,
+    schedule,
+)
 
-NODES = ["node1", "node2", "node3"]
+NODES = ["node1", "node2", "node3", "node4"]
+SPARES = ["node4"]
 
 
 def _take(seed: int, n: int, faults: tuple[str, ...] = FAULT_KINDS) -> list:
-    return list(islice(schedule(seed, NODES, faults), n))
+    return list(islice(schedule(seed, NODES, faults, SPARES), n))
 
 
 def test_the_same_seed_gives_the_same_events_and_another_seed_others() -> None:
@@ -43,7 +51,7 @@ def test_burst_sizes_stay_within_their_bounds() -> None:
     for event in _take(11, 3000):
         if event.kind == "pods-create":
             assert 1 <= event.count <= MAX_BURST
-        elif event.kind == "agent-kill-mid-add":
+        elif event.kind in ("agent-kill-mid-add", "node-replace"):
             assert 5 <= event.count <= 20
         elif event.kind == "pods-delete":
             assert 1 <= event.count <= MAX_BURST // 2
@@ -58,6 +66,26 @@ def test_a_subset_of_faults_is_honoured_and_unknown_ones_refused() -> None:
         next(schedule(1, NODES, ("disk-full",)))
     with pytest.raises(ValueError, match="at least one node"):
         next(schedule(1, []))
+
+
+def test_only_a_spare_node_is_replaced_and_a_replacement_needs_one() -> None:
+    replaced = {e.node for e in _take(4, 3000) if e.kind == "node-replace"}
+    assert replaced == set(SPARES)
+    with pytest.raises(ValueError, match="node-replace needs a spare node"):
+        next(schedule(1, NODES))
+    with pytest.raises(ValueError, match="spare nodes not among the nodes: node9"):
+        next(schedule(1, NODES, FAULT_KINDS, ["node9"]))
+    assert next(schedule(1, NODES, ("agent-kill",))).index == 0  # no spare: no replacement
+
+
+def test_long_faults_are_rarer_than_short_ones_after_the_opening() -> None:
+    faults = [e.kind for e in _take(9, 20000)[40:] if e.is_fault]
+    share = {kind: faults.count(kind) / len(faults) for kind in FAULT_KINDS}
+    total = sum(FAULT_WEIGHTS.values())
+    for kind, weight in FAULT_WEIGHTS.items():
+        assert abs(share[kind] - weight / total) < 0.03, (kind, share[kind])
+    assert share["apiserver-stop"] < share["agent-kill"] / 2
+    assert set(FAULT_WEIGHTS) == set(FAULT_KINDS) and 0 < FAULT_SHARE < 1
 
 
 def test_events_describe_themselves_for_the_log() -> None:
