@@ -63,6 +63,8 @@ from felix.managers import (
     BGPManager,
     DataplaneManager,
     EndpointWiring,
+    NatOutgoingDataplane,
+    NatOutgoingManager,
     PolicyManager,
     PolicySources,
     TunnelManager,
@@ -296,6 +298,7 @@ class Agent:
         # the dataplane managers, driven in this order by every pass (felix.managers)
         self.endpoint_wiring: EndpointWiring | None = None
         self.policy_manager: PolicyManager | None = None
+        self.nat_outgoing: NatOutgoingManager | None = None  # when policy is off
         self.tunnels: TunnelManager | None = None
         self.bgp_manager: BGPManager | None = None
         # informers note what changed from their first event on; the pass reads it
@@ -393,6 +396,9 @@ class Agent:
             self.policy_manager = PolicyManager(
                 self.policy_sync, self.policy, sources, self.realization.offer
             )
+        else:  # another engine enforces policy; natOutgoing is still Tabby's
+            nat = NatOutgoingDataplane(SubprocessRunner(), self.config.iptables_backend)
+            self.nat_outgoing = NatOutgoingManager(nat, self._pool_nat)
         node = TunnelNode(self.config.node_name, self.config.node_ip or "", self.config.mtu)
         self.tunnels = TunnelManager(
             node, self._objects, allocator.tunnel_address, self._annotate_node, iproute_factory()
@@ -532,11 +538,21 @@ class Agent:
             self._write_status()
 
     def _managers(self) -> list[DataplaneManager]:
-        managers = (self.endpoint_wiring, self.policy_manager, self.tunnels, self.bgp_manager)
+        managers = (
+            self.endpoint_wiring,
+            self.policy_manager,
+            self.nat_outgoing,
+            self.tunnels,
+            self.bgp_manager,
+        )
         return [m for m in managers if m is not None]
 
     def _sync_routing(self, resync: bool) -> None:
-        """Tunnels, this node's published address and BGP (never fails a pass)."""
+        """natOutgoing when policy is off, tunnels, this node's published address and
+        BGP (never fails a pass)."""
+        nat = self.nat_outgoing
+        if nat is not None:
+            self._best_effort(lambda: drive(nat, resync), "nat-outgoing")
         tunnels = self.tunnels
         if tunnels is not None and self.config.node_ip:
             self._best_effort(lambda: drive(tunnels, resync), "tunnels")

@@ -4,7 +4,9 @@ Each manager owns one part and nothing else:
 
 - :class:`EndpointWiring`: pod veths, their /32 routes and sysctls (written by CNI
   ADD and DEL; the manager repairs drift);
-- :class:`PolicyManager`: the filter table's chains and the ipsets of NetworkPolicy;
+- :class:`PolicyManager`: the filter table's chains and the ipsets of NetworkPolicy
+  (and natOutgoing's nat chains, through the same ipset owner);
+- :class:`NatOutgoingManager`: natOutgoing alone, when another engine enforces policy;
 - :class:`TunnelManager`: the VXLAN and IPIP devices of encapsulating pools;
 - :class:`BGPManager`: BGP's routes (learned, blackholes), neighbours and FDB entries.
 
@@ -15,8 +17,8 @@ Every manager has the same three methods (:class:`DataplaneManager`):
 - ``resync()``: read the kernel afresh and repair whatever drifted (a deleted route,
   a flushed chain, a changed sysctl); the agent's loop calls it on a timer.
 
-The agent (:mod:`felix.agent`) drives them in one order per pass: endpoints, policy,
-tunnels, BGP. All netlink goes through :mod:`kernel`.
+The agent (:mod:`felix.agent`) drives them in one order per pass: endpoints, policy
+(or natOutgoing alone), tunnels, BGP. All netlink goes through :mod:`kernel`.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import Protocol
 
 from felix.managers.bgp import BGPManager
 from felix.managers.endpoints import EndpointWiring
+from felix.managers.nat import NatOutgoingDataplane, NatOutgoingManager
 from felix.managers.policy import PolicyManager, PolicySources
 from felix.managers.tunnels import TunnelManager
 
@@ -57,6 +60,8 @@ __all__ = [
     "BGPManager",
     "DataplaneManager",
     "EndpointWiring",
+    "NatOutgoingDataplane",
+    "NatOutgoingManager",
     "PolicyManager",
     "PolicySources",
     "TunnelManager",

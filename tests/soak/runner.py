@@ -66,6 +66,7 @@ GC_GRACE_S = 30.0  # how long a leak must last before GC releases it
 NODE_CLEANUP_TIMEOUT_S = 60.0  # a removed node's blocks and affinities released by then
 REJOIN_REACH_TIMEOUT_S = 60.0  # a pod on a rejoined node reaches another node by then
 SPARE_NODES = 1
+LOST_PODS = 5  # a replaced node holds at least this many churn pods when it is lost
 APISERVER_DOWN_S = 60.0
 RESTART_SETTLE_S = 3.0  # restart-window probes go on this long after the agent serves
 WINDOW_SAMPLE = 120  # closed cells probed during a restart
@@ -330,6 +331,13 @@ class Soak:
         GC must free its blocks and affinities (a stale affinity hands the new node
         addresses that are still in use: Calico's duplicate IP). Then ADDs on the new
         node, and one of its pods must reach the flow's server on another node."""
+        self.populate(event)
+        try:
+            held = _ipam_of_node(self.cluster.datastore(), event.node)
+        except DatastoreError as err:
+            held = [f"unreadable: {err}"]
+        if not held:
+            self.tally.fault_misses.append(f"{event.describe()}: IPAM held nothing of the node")
         lost = self.cluster.remove_node(event.node)
         with self.lock:
             for pod in lost:
@@ -345,6 +353,16 @@ class Soak:
         added = [n for n in names if n not in failed]
         if added:
             self.tally.found("flows_lost", self.unreachable_from(added[0]), event.describe())
+
+    def populate(self, event: Event) -> None:
+        """At least :data:`LOST_PODS` churn pods on the node: a lost machine has pods."""
+        with self.lock:
+            there = sum(1 for node in self.churn.values() if node == event.node)
+        names = [f"l{event.index}-{i}" for i in range(max(0, LOST_PODS - there))]
+        if names:
+            failed = self.burst(event.node, names)
+            self.tally.add_failures += [f"{event.describe()}: {err}" for err in failed.values()]
+            self.abandon(event.node, failed)
 
     def wait_node_cleaned(self, node: str) -> list[str]:
         """What IPAM still gives a removed node after the wait (nothing, when GC works)."""

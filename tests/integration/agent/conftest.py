@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import subprocess
@@ -120,12 +121,11 @@ def ensure_node(ds: Datastore, name: str, address: str) -> None:
         ds.create_raw(kinds.NODE, body)
 
 
-def create_pool(ds: Datastore) -> str:
+def create_pool(ds: Datastore, *, nat_outgoing: bool = False) -> str:
     """A fresh IPPool 10.100.0.0/16 (blocks /26) for one test; its name, for clean-up."""
     pool_name = f"pool-{uuid.uuid4().hex[:6]}"
-    ds.create(
-        IPPool(metadata=Meta(name=pool_name), spec=IPPoolSpec(cidr="10.100.0.0/16", block_size=26))
-    )
+    spec = IPPoolSpec(cidr="10.100.0.0/16", block_size=26, nat_outgoing=nat_outgoing)
+    ds.create(IPPool(metadata=Meta(name=pool_name), spec=spec))
     return pool_name
 
 
@@ -175,10 +175,14 @@ def start_agent(
     return proc
 
 
-@pytest.fixture
-def agent_node(control_plane: ControlPlane, tmp_path: Path) -> Iterator[AgentNode]:
+@contextlib.contextmanager
+def running_agent(
+    control_plane: ControlPlane, tmp_path: Path, *extra: str, nat_outgoing: bool = False
+) -> Iterator[AgentNode]:
+    """One lab node with tabby-node (its arguments, then *extra*) and a fresh pool;
+    everything removed afterwards, whatever happened."""
     ds = control_plane.datastore()
-    pool_name = create_pool(ds)
+    pool_name = create_pool(ds, nat_outgoing=nat_outgoing)
     lab = Lab.create(nodes=1)
     node = lab.node("node1")
     node_name = f"{node.name}-{lab.lab_id}"
@@ -187,12 +191,18 @@ def agent_node(control_plane: ControlPlane, tmp_path: Path) -> Iterator[AgentNod
     install_plugin(bin_dir, sys.executable)
     try:
         lab.relay_apiserver(node, control_plane.expose_unix_socket(), control_plane.apiserver_port)
-        argv = [str(TABBY_NODE), *agent_args(node_name, control_plane.kubeconfig, run_dir)]
+        argv = [str(TABBY_NODE), *agent_args(node_name, control_plane.kubeconfig, run_dir, *extra)]
         agent = start_agent(lab, node, "tabby-node", argv, run_dir / "cni.sock", ready=Path.exists)
         yield AgentNode(lab, node, run_dir, bin_dir, agent, ds)
     finally:
         lab.teardown()
         _delete_pool_data(ds, pool_name, node_name)
+
+
+@pytest.fixture
+def agent_node(control_plane: ControlPlane, tmp_path: Path) -> Iterator[AgentNode]:
+    with running_agent(control_plane, tmp_path) as node:
+        yield node
 
 
 def _delete_pool_data(ds: Datastore, pool_name: str, node_name: str) -> None:

@@ -8,40 +8,23 @@ The external side records the source address of what arrives.
 from __future__ import annotations
 
 import secrets
-import subprocess
-import sys
 from collections.abc import Iterator
 
 import pytest
 
 from felix.dataplane.backend import Backend
 from felix.dataplane.runner import SubprocessRunner
+from felix.managers.nat import NatOutgoingDataplane
 from felix.nat_outgoing import NAT_OUTGOING, PoolNat
 from felix.policy_dataplane import PolicyDataplane
 from lab import netns
+from tests.helpers import udp_source_seen
 
 pytestmark = pytest.mark.integration
 
 POD_IP, NODE_POD_SIDE = "10.244.1.5", "10.244.1.1"
 EXTERNAL_IP, NODE_IP = "192.0.2.2", "192.0.2.1"
 PORT = 9999
-
-LISTEN = f"""
-import socket
-s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-s.bind(("{EXTERNAL_IP}", {PORT}))
-s.settimeout(20)
-print(s.recvfrom(100)[1][0], flush=True)
-"""
-
-SEND = f"""
-import socket, sys, time
-s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-s.bind(("{POD_IP}", int(sys.argv[1])))
-for _ in range(100):  # until the listener (started just before) is bound
-    s.sendto(b"hello", ("{EXTERNAL_IP}", {PORT}))
-    time.sleep(0.1)
-"""
 
 
 @pytest.fixture
@@ -64,23 +47,7 @@ def _veth(node: str, node_if: str, node_addr: str, other: str, other_addr: str) 
 
 def _source_seen(pod: str, external: str, source_port: int) -> str:
     """Send from the pod until the external listener reports a datagram's source."""
-    listener = subprocess.Popen(
-        ["ip", "netns", "exec", external, sys.executable, "-c", LISTEN],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    sender = subprocess.Popen(
-        ["ip", "netns", "exec", pod, sys.executable, "-c", SEND, str(source_port)],
-    )
-    try:
-        out, _ = listener.communicate(timeout=30)
-    finally:
-        sender.kill()
-        sender.wait()
-        if listener.poll() is None:
-            listener.kill()
-            listener.wait()
-    return out.strip()
+    return udp_source_seen(pod, (POD_IP, source_port), external, (EXTERNAL_IP, PORT))
 
 
 def _backend_name(backend: Backend) -> str:
@@ -109,3 +76,23 @@ def test_natoutgoing_pool_leaves_with_the_node_address_and_others_keep_theirs(
     netns.ns_exec(ns, [f"iptables-{backend.name}", "-t", "nat", "-F", NAT_OUTGOING])
     dataplane.apply([], [], [], {}, pools=[PoolNat("10.244.0.0/16", True)], resync=True)
     assert _source_seen(peer, external, 40003) == NODE_IP
+
+
+def test_with_policy_off_natoutgoing_is_written_alone_and_repaired(
+    ns: str, peer: str, external: str, backend: Backend
+) -> None:
+    """$TABBY_POLICY=off (another engine enforces policy): pods of a natOutgoing pool
+    must still leave with the node's address, and the filter table is not Tabby's."""
+    _veth(ns, "tpod0", f"{NODE_POD_SIDE}/24", peer, f"{POD_IP}/24")
+    _veth(ns, "eth1", f"{NODE_IP}/24", external, f"{EXTERNAL_IP}/24")
+    netns.ip(peer, "route", "add", "default", "via", NODE_POD_SIDE)
+    netns.sysctl(ns, "net.ipv4.ip_forward", "1")
+    nat = NatOutgoingDataplane(SubprocessRunner(netns=ns), _backend_name(backend))
+
+    nat.apply([PoolNat("10.244.0.0/16", True)])
+    assert _source_seen(peer, external, 40011) == NODE_IP
+    assert "cali" not in netns.ns_exec(ns, backend.save_argv("filter"))
+
+    netns.ns_exec(ns, [f"iptables-{backend.name}", "-t", "nat", "-F", NAT_OUTGOING])
+    nat.apply([PoolNat("10.244.0.0/16", True)], resync=True)
+    assert _source_seen(peer, external, 40012) == NODE_IP

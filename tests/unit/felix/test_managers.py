@@ -14,6 +14,7 @@ from bgp.controller import ControllerStatus
 from felix.managers import (
     BGPManager,
     EndpointWiring,
+    NatOutgoingManager,
     PolicyManager,
     PolicySources,
     TunnelManager,
@@ -21,6 +22,7 @@ from felix.managers import (
 )
 from felix.managers import tunnels as tunnel_module
 from felix.managers.tunnels import TunnelNode
+from felix.nat_outgoing import PoolNat
 from felix.tunnels import VxlanSpec, vxlan_mac
 from policy import Chain, DesiredState
 from policy.membership import AddressBook
@@ -189,3 +191,26 @@ def test_no_tunnel_without_an_encapsulating_pool(monkeypatch: pytest.MonkeyPatch
     manager, made, annotated, asked = _tunnels(monkeypatch, [plain], held=True)
     manager.apply()
     assert made == [] and annotated == [] and asked == []
+
+
+class FakeNat:
+    def __init__(self) -> None:
+        self.calls: list[tuple[list[PoolNat], bool]] = []
+
+    def apply(self, pools: list[PoolNat], *, resync: bool = False) -> None:
+        self.calls.append((list(pools), resync))
+
+
+def test_nat_outgoing_alone_writes_when_the_pools_change_and_repairs_on_resync() -> None:
+    pools = [PoolNat("10.244.0.0/16", True)]
+    nat = FakeNat()
+    manager = NatOutgoingManager(nat, lambda: list(pools))  # type: ignore[arg-type]
+    drive(manager, resync=False)
+    drive(manager, resync=False)  # the same pools: nothing to write
+    assert nat.calls == [([PoolNat("10.244.0.0/16", True)], False)]
+    pools.append(PoolNat("10.96.0.0/12", False))
+    manager.on_update({"pools"})
+    drive(manager, resync=False)
+    drive(manager, resync=True)  # the timer's resync writes whatever the kernel holds
+    assert [resync for _, resync in nat.calls] == [False, False, True]
+    assert nat.calls[-1][0] == sorted(pools, key=lambda p: p.cidr)
