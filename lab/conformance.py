@@ -36,7 +36,7 @@ import subprocess
 import sys
 import time
 import xml.etree.ElementTree as ET
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import partial
@@ -532,6 +532,28 @@ def _md_cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
+# The tools behind each suite a run can hold (by the start of its name), as
+# hack/build-e2e.sh records their versions in VERSIONS.
+TOOLS_OF_SUITE = {
+    "e2e": ("ginkgo", "kubernetes-e2e"),
+    "cyclonus": ("cyclonus",),
+    "network-policy-api": ("network-policy-api",),
+}
+
+
+def versions_used(versions: Mapping[str, str], runs: Iterable[SuiteRun]) -> list[tuple[str, str]]:
+    """The (tool, version) pairs of the suites that ran, sorted: a report names only
+    what produced its results."""
+    tools = {
+        tool
+        for run in runs
+        for prefix, names in TOOLS_OF_SUITE.items()
+        if run.suite.startswith(prefix)
+        for tool in names
+    }
+    return sorted((k, v) for k, v in versions.items() if k in tools)
+
+
 def render_markdown(run: ConformanceRun) -> str:
     """docs/conformance.md: the totals, then every spec and case with its state."""
     lines = [
@@ -544,7 +566,7 @@ def render_markdown(run: ConformanceRun) -> str:
         f"- Total time: {run.seconds / 60:.1f} min (labs brought up in {run.lab_seconds:.0f} s)",
         "- Cluster: 3 real-node lab nodes (kubelet, containerd, kube-proxy iptables), "
         "Tabby installed from manifests/",
-        "- Suites: " + ", ".join(f"{k} {v}" for k, v in sorted(run.versions.items())),
+        "- Suites: " + ", ".join(f"{k} {v}" for k, v in versions_used(run.versions, run.runs)),
         f"- Command: `{run.command}`",
         "",
     ]

@@ -34,6 +34,7 @@ from lab.conformance import (
     services_suite,
     summarize_enforcement,
     summary_line,
+    versions_used,
 )
 
 SPEC_OUTPUT = """\
@@ -459,3 +460,27 @@ def test_an_unknown_or_empty_suite_is_refused_naming_it() -> None:
             assert named in str(err) and "e2e" in str(err)
         else:
             raise AssertionError(f"{bad!r} was accepted")
+
+
+def test_the_report_names_the_versions_of_the_suites_that_ran_only() -> None:
+    versions = {
+        "cyclonus": "v0.5.6",
+        "ginkgo": "v2.28.1",
+        "kubernetes-e2e": "v1.36.3",
+        "network-policy-api": "v0.3.0",
+    }
+    e2e = SuiteRun("e2e Netpol", ["ginkgo"], 1.0, 0)
+    cyclonus = SuiteRun("cyclonus pod-ip", ["cyclonus"], 1.0, 0)
+    assert versions_used(versions, [e2e, cyclonus]) == [
+        ("cyclonus", "v0.5.6"),
+        ("ginkgo", "v2.28.1"),
+        ("kubernetes-e2e", "v1.36.3"),
+    ]
+    cnp = SuiteRun("network-policy-api ClusterNetworkPolicy", ["go", "test"], 1.0, 0)
+    assert versions_used(versions, [cnp]) == [("network-policy-api", "v0.3.0")]
+    assert versions_used(versions, []) == []
+    run = ConformanceRun(
+        "tabby", "abc1234", datetime(2026, 12, 4, 21, 0, tzinfo=UTC), 60.0, 40.0,
+        versions, {}, [cyclonus], "make conformance",
+    )  # fmt: skip
+    assert "- Suites: cyclonus v0.5.6\n" in render_markdown(run)
