@@ -103,6 +103,7 @@ class Tally:
     flow_gap_s: float = 0.0  # its longest stall (a stall that recovers is no loss)
     window_probes: int = 0  # closed cells probed while agents restarted
     mid_add_in_flight: int = 0  # mid-ADD kills that found ADDs in the journal
+    teardown_wait_s: float = 0.0  # longest wait for answered DELs to free their addresses
     add_failures: list[str] = field(default_factory=list)  # failed ADDs outside a kill
     fault_misses: list[str] = field(default_factory=list)  # faults that found nothing to break
     findings: list[str] = field(default_factory=list)

@@ -71,6 +71,7 @@ APISERVER_DOWN_S = 60.0
 RESTART_SETTLE_S = 3.0  # restart-window probes go on this long after the agent serves
 WINDOW_SAMPLE = 120  # closed cells probed during a restart
 JOURNAL = "cni-inflight"  # the agent's ADD journal under its run dir
+TEARDOWN_TIMEOUT_S = 60.0  # answered DELs' deferred teardowns finished by then
 BACKEND = "nft"
 Progress = Callable[[str], None]
 
@@ -435,11 +436,30 @@ class Soak:
         endpoints = self.endpoints()
         dups = [f"{ip} held by {', '.join(o)}" for ip, o in duplicates(endpoints).items()]
         self.tally.found("duplicates", dups, when, once=True)
+        self.tally.found("leaks", self.wait_teardowns(), when, once=True)
         snapshot = Snapshot.load(self.cluster.datastore())
         live = {p.container_id: p.key for p in self.cluster.pods.values()}
         self.tally.found("duplicates", unheld_addresses(snapshot, endpoints, live), when, once=True)
         self.tally.found("leaks", leaks(snapshot, live), when, once=True)
         self.check_flow(when)
+
+    def wait_teardowns(self) -> list[str]:
+        """Wait until no node has a DEL answered but not yet torn down (the agent
+        answers first and frees the address right after: felix.teardown); the lines
+        naming those still pending at the timeout. Reading IPAM before that would
+        count an address on its way back as a leak."""
+        began = time.monotonic()
+        while True:
+            pending = [
+                f"{node.name}: DEL answered, teardown unfinished: {marker.name}"
+                for node in self.cluster.nodes
+                for marker in sorted((self.cluster.run_dir(node.name) / JOURNAL).glob("*.del"))
+            ]
+            waited = time.monotonic() - began
+            if not pending or waited >= TEARDOWN_TIMEOUT_S:
+                self.tally.teardown_wait_s = max(self.tally.teardown_wait_s, waited)
+                return pending
+            time.sleep(0.1)
 
     def check_flow(self, when: str) -> None:
         report = self.flow_report()
@@ -482,6 +502,8 @@ def summary(tally: Tally) -> list[str]:
         f"mid-ADD kills that found ADDs in flight: {tally.mid_add_in_flight} of "
         f"{tally.fault_kinds.get('agent-kill-mid-add', 0)}",
         f"established flow: {tally.flow_exchanges} echoes, longest gap {tally.flow_gap_s:.1f}s",
+        f"longest wait for answered DELs' teardowns before reading IPAM: "
+        f"{tally.teardown_wait_s:.1f}s",
         f"failed ADDs outside a kill: {len(tally.add_failures)}",
     ]
     lines += [f"  {line}" for line in tally.add_failures[:20]]
