@@ -227,7 +227,7 @@ class LabCluster(PodLab[PodInfo]):
         """
         assert self.lab is not None
         _kill(self._agent_process(name))
-        self._kill_speaker(name)
+        self.kill_speaker(name)
         ds = self.datastore()
         lost = [pod for pod in list(self.pods.values()) if pod.node == name]
         for pod in lost:
@@ -259,21 +259,26 @@ class LabCluster(PodLab[PodInfo]):
         assert self.lab is not None
         return next(p for p in self.lab.processes if p.name == f"tabby-node-{name}")
 
-    def _kill_speaker(self, name: str) -> None:
-        """kill -9 the ExaBGP the node's agent started (its pidfile names it), and wait
-        until it is gone: its BGP sessions end as a lost machine's do."""
+    def speaker_pid(self, name: str) -> int | None:
+        """The pid of the live ExaBGP the node's agent started (its pidfile names it)."""
         bgp_dir = self.run_dir(name) / "bgp"
         try:
             record = json.loads((bgp_dir / "exabgp.pid").read_text())
         except (OSError, ValueError):
-            return  # the agent had not started one
-        if not is_our_speaker(record, bgp_dir / "exabgp.conf"):
-            return
-        pid = int(record["pid"])
+            return None  # the agent had not started one, or is writing the file
+        return int(record["pid"]) if is_our_speaker(record, bgp_dir / "exabgp.conf") else None
+
+    def kill_speaker(self, name: str) -> int | None:
+        """kill -9 the node's ExaBGP and wait until it is gone: its BGP sessions end as
+        a crashed daemon's do. Returns the pid killed (None: there was none)."""
+        pid = self.speaker_pid(name)
+        if pid is None:
+            return None
         os.kill(pid, signal.SIGKILL)
         deadline = time.monotonic() + 10
         while _alive(pid) and time.monotonic() < deadline:
             time.sleep(0.05)
+        return pid
 
     # -- access -------------------------------------------------------------------------
     @property

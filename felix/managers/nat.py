@@ -59,13 +59,17 @@ class NatOutgoingManager:
         del reasons  # apply compares the pools themselves: cheap, and never stale
 
     def apply(self) -> None:
-        pools = sorted(self.pools(), key=lambda p: (p.cidr, p.nat_outgoing))
+        pools = self._desired()
         if pools != self._written:
             self.dataplane.apply(pools)
             self._written = pools
 
     def resync(self) -> None:
         self._written = None
-        pools = sorted(self.pools(), key=lambda p: (p.cidr, p.nat_outgoing))
+        pools = self._desired()
         self.dataplane.apply(pools, resync=True)
         self._written = pools
+
+    def _desired(self) -> list[PoolNat]:
+        """The pools in a fixed order, so an unchanged set compares equal."""
+        return sorted(self.pools(), key=lambda p: (p.cidr, p.nat_outgoing))

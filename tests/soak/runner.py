@@ -30,7 +30,6 @@ import contextlib
 import json
 import os
 import random
-import signal
 import subprocess
 import sys
 import tempfile
@@ -41,10 +40,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from bgp.speaker import is_our_speaker
 from datastore import kinds
 from datastore.client import Datastore
 from datastore.errors import DatastoreError
+from felix.cni_server.journal import AddJournal
 from felix.wiring import host_ifname_for
 from ipam.report import Snapshot
 from lab import netns
@@ -269,20 +268,15 @@ class Soak:
         )
 
     def exabgp_kill(self, event: Event) -> None:
-        """kill -9 of the node's ExaBGP (the one its pidfile names); the agent restarts
-        it. Waits for the new speaker, so the checkpoint judges routes after it."""
-        bgp_dir = self.cluster.run_dir(event.node) / "bgp"
-        pid_file, config = bgp_dir / "exabgp.pid", bgp_dir / "exabgp.conf"
-        record = json.loads(pid_file.read_text())
-        if not is_our_speaker(record, config):
-            raise RuntimeError(f"{pid_file} names no live ExaBGP of {event.node}: {record}")
-        os.kill(int(record["pid"]), signal.SIGKILL)
+        """kill -9 of the node's ExaBGP; the agent restarts it. Waits for the new
+        speaker, so the checkpoint judges routes after it."""
+        killed = self.cluster.kill_speaker(event.node)
+        if killed is None:
+            raise RuntimeError(f"{event.node}'s agent runs no live ExaBGP to kill")
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            with contextlib.suppress(OSError, ValueError):
-                now = json.loads(pid_file.read_text())
-                if now["pid"] != record["pid"] and is_our_speaker(now, config):
-                    return
+            if self.cluster.speaker_pid(event.node) not in (None, killed):
+                return
             time.sleep(0.2)
         raise RuntimeError(f"{event.node}'s agent did not start ExaBGP again within 60 s")
 
@@ -448,13 +442,10 @@ class Soak:
         answers first and frees the address right after: felix.teardown); the lines
         naming those still pending at the timeout. Reading IPAM before that would
         count an address on its way back as a leak."""
+        run_dirs = {node.name: self.cluster.run_dir(node.name) for node in self.cluster.nodes}
         began = time.monotonic()
         while True:
-            pending = [
-                f"{node.name}: DEL answered, teardown unfinished: {marker.name}"
-                for node in self.cluster.nodes
-                for marker in sorted((self.cluster.run_dir(node.name) / JOURNAL).glob("*.del"))
-            ]
+            pending = unfinished_teardowns(run_dirs)
             waited = time.monotonic() - began
             if not pending or waited >= TEARDOWN_TIMEOUT_S:
                 self.tally.teardown_wait_s = max(self.tally.teardown_wait_s, waited)
@@ -561,6 +552,16 @@ def start_controllers(kubeconfig: Path, log_path: Path) -> subprocess.Popen[str]
     ]
     with open(log_path, "a") as log:
         return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, text=True)
+
+
+def unfinished_teardowns(run_dirs: dict[str, Path]) -> list[str]:
+    """One line per DEL a node's agent answered but has not torn down yet (its
+    journal's ``.del`` marker: felix.cni_server.journal)."""
+    return [
+        f"{node}: DEL answered, teardown unfinished: {marker.name}"
+        for node, run_dir in sorted(run_dirs.items())
+        for marker in sorted((run_dir / JOURNAL).glob(f"*{AddJournal.DEL_SUFFIX}"))
+    ]
 
 
 def _ipam_of_node(ds: Datastore, node: str) -> list[str]:
