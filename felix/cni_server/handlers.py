@@ -168,7 +168,13 @@ class CNIHandlers:
             self.gc(request)
             return None
         # The same pod's earlier DEL may still be tearing down its veth.
-        self.teardowns.wait(self._host_ifname(request))
+        host_ifname = self._host_ifname(request)
+        if not self.teardowns.wait(host_ifname):
+            raise CNIError(
+                ERR_TRY_AGAIN_LATER,
+                f"the teardown of {host_ifname} for an earlier sandbox of this pod is still "
+                "failing (it is retried; see the agent's log)",
+            )
         with self._locks.hold(request.container_id):
             if request.command == "ADD":
                 return self.add(request)

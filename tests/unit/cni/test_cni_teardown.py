@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from cni.shim import ERR_TRY_AGAIN_LATER
 from felix import teardown, wiring
 from felix.cni_server import AddJournal, CNIHandlers, RecoveryReport, recovery
 from felix.pool_allocator import PoolAllocator
-from tests.unit.cni.test_cni_server import NET, FakeKernel, Recorder, req
+from tests.unit.cni.test_cni_server import NET, FakeKernel, Recorder, code_of, req
 
 HOST = wiring.host_ifname_for("default", "nginx")
 
@@ -102,6 +104,53 @@ def test_a_failed_teardown_is_retried(handlers: CNIHandlers, kernel: SlowKernel)
     assert handlers.teardowns.drain()
     assert kernel.log[-1] == f"unwire {HOST}"
     assert handlers.allocator.handles() == set()
+
+
+def test_a_teardown_failing_past_its_delays_keeps_trying_until_it_succeeds(
+    handlers: CNIHandlers, kernel: SlowKernel
+) -> None:
+    """The runtime was told DEL is done and never sends it again: giving up would
+    hold the address until the agent restarts (it did after 3 tries before)."""
+    assert handlers.journal is not None
+    handlers.handle(req())
+    kernel.failures = 6  # the fixture's delays are 2: four more on the last one
+    handlers.handle(req("DEL"))
+    kernel.release.set()
+    assert handlers.teardowns.drain()
+    assert kernel.failures == 0 and kernel.log[-1] == f"unwire {HOST}"
+    assert handlers.allocator.handles() == set()
+    assert handlers.journal.pending_deletes() == []
+
+
+def test_the_same_pod_is_told_to_try_again_while_its_teardown_keeps_failing(
+    handlers: CNIHandlers, kernel: SlowKernel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(teardown, "WAIT_S", 0.2)
+    handlers.handle(req("ADD", "old"))
+    kernel.failures = 10**6
+    handlers.handle(req("DEL", "old"))
+    kernel.release.set()
+    assert code_of(handlers, req("ADD", "new")) == ERR_TRY_AGAIN_LATER
+    assert handlers.allocator.handles() == {f"{NET}.old"}  # still routed: kept
+    kernel.failures = 0
+    assert handlers.teardowns.drain()
+    handlers.handle(req("ADD", "new"))
+    assert handlers.allocator.handles() == {f"{NET}.new"}
+
+
+def test_stopping_ends_the_retries_and_leaves_the_marker_for_the_next_start(
+    handlers: CNIHandlers, kernel: SlowKernel
+) -> None:
+    assert handlers.journal is not None
+    handlers.handle(req())
+    kernel.failures = 10**6
+    handlers.handle(req("DEL"))
+    kernel.release.set()
+    handlers.teardowns.close(timeout=0.1)
+    left = kernel.failures
+    time.sleep(0.1)  # several retry delays of the fixture's 0.01 s: none may fire
+    assert kernel.failures == left
+    assert [m.container_id for m in handlers.journal.pending_deletes()] == ["c1"]
 
 
 def test_a_marker_stands_until_the_teardown_is_done(
