@@ -352,8 +352,10 @@ class KubeCluster(PodLab[KubePod]):
         name: str,
         node: str | None,
         labels: dict[str, str] | None = None,
+        ports: Sequence[dict[str, Any]] = (),
     ) -> dict[str, Any]:
-        """An agnhost pod serving HTTP on 8080 (netexec), scheduled onto `node`."""
+        """An agnhost pod serving HTTP on 8080 (netexec), scheduled onto `node`; *ports*
+        are declared beside it (named ports a policy may use; something else serves them)."""
         spec: dict[str, Any] = {
             "terminationGracePeriodSeconds": 1,
             "containers": [
@@ -362,7 +364,7 @@ class KubeCluster(PodLab[KubePod]):
                     "image": AGNHOST_IMAGE,
                     "imagePullPolicy": "IfNotPresent",
                     "args": ["netexec", "--http-port=8080", "--udp-port=-1"],
-                    "ports": [{"containerPort": 8080, "name": "http"}],
+                    "ports": [{"containerPort": 8080, "name": "http"}, *ports],
                     "readinessProbe": {"tcpSocket": {"port": 8080}, "periodSeconds": 1},
                 }
             ],
@@ -385,9 +387,8 @@ class KubeCluster(PodLab[KubePod]):
         ports: Sequence[dict[str, Any]] = (),
     ) -> KubePod:
         """A Pod object: kube-scheduler places it, kubelet starts it, Tabby networks it."""
-        del ports  # agnhost serves 8080; kept for LabCluster's signature
         self.create_namespace(namespace)
-        body = self.pod_manifest(namespace, name, node, labels)
+        body = self.pod_manifest(namespace, name, node, labels, ports)
         self.kubectl("apply", "-f", "-", stdin=json.dumps(body))
         try:
             self.kubectl(

@@ -30,7 +30,7 @@ import logging
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -69,11 +69,13 @@ class PodAgents:
     def __init__(self) -> None:
         self.procs: dict[str, subprocess.Popen[str]] = {}
 
-    def start(self, key: str, pod_netns: str, log_path: Path) -> None:
+    def start(self, key: str, in_pod: Sequence[str], log_path: Path) -> None:
+        """The pod's agent, run by *in_pod* (the prefix that enters the pod's netns:
+        ``ip netns exec`` in the namespace lab, ``nsenter`` of a kubelet sandbox)."""
         ports = ",".join(str(p) for p in PORTS)
         with open(log_path, "a") as err:
             proc = subprocess.Popen(
-                ["ip", "netns", "exec", pod_netns, sys.executable, str(PODAGENT), "--ports", ports],
+                [*in_pod, sys.executable, str(PODAGENT), "--ports", ports],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=err,
@@ -242,7 +244,7 @@ class TruthLab:
             self.world.set_ip(key, info.ip)
         logs = self.cluster.workdir / "podagents.log"
         for key in self.world.pods:
-            self.agents.start(key, self.cluster.pods[key].netns, logs)
+            self.agents.start(key, self.cluster.netns_argv(key), logs)
         if self.services == "kube-proxy":
             progress("starting kube-proxy on the world's nodes")
             world_nodes = sorted(set(self.world.placement.values()))

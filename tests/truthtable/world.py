@@ -31,6 +31,7 @@ PORTS = (80, 81)
 PROTOCOLS = ("TCP", "UDP", "SCTP")
 SERVICE_PORT_OFFSET = 1000
 SERVICE_CIDR = ipaddress.IPv4Network("10.96.0.0/16")
+CLUSTER_IP_BASE = 200  # ClusterIPs from 10.96.0.200: clear of kube-dns (.10) on real nodes
 NAME_LABEL = "kubernetes.io/metadata.name"
 
 Obj = dict[str, Any]
@@ -87,7 +88,7 @@ class World:
                 "spec": {"containers": [{"name": "main", "ports": container_ports(name)}]},
                 "status": {},
             }
-            world.cluster_ips[key] = str(SERVICE_CIDR.network_address + 10 + i)
+            world.cluster_ips[key] = str(SERVICE_CIDR.network_address + CLUSTER_IP_BASE + i)
         return world
 
     # -- facts -------------------------------------------------------------------------

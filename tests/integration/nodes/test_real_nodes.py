@@ -11,13 +11,19 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from lab import netns
 from lab.kubecluster import AGNHOST_IMAGE, KubeCluster
 from tests.helpers import settles
 from tests.integration.nodes.conftest import service_answers, web_service
+from tests.soak import policies as soak_policies
+from tests.truthtable import kubeproxy
+from tests.truthtable.harness import PodAgents, TruthLab
+from tests.truthtable.world import World
 
 pytestmark = pytest.mark.integration
 
@@ -239,3 +245,50 @@ def test_a_deployment_of_30_spreads_is_ready_and_recreated_pods_leak_nothing(
     kube_cluster.kubectl(
         "-n", "deploy", "delete", "deploy", "fleet", "--cascade=foreground", "--wait=true"
     )  # fmt: skip
+
+
+def _kube_proxy_programmed(cluster: KubeCluster, cluster_ips: list[str]) -> bool:
+    """Whether every node's kube-proxy (iptables mode) has written every ClusterIP."""
+    for node in cluster.nodes:
+        table = netns.ns_exec(node.netns, ["iptables-save", "-t", "nat"], check=False)
+        if any(ip not in table for ip in cluster_ips):
+            return False
+    return True
+
+
+def test_the_truth_tables_world_matches_the_oracle_on_real_nodes(
+    kube_cluster: KubeCluster, tmp_path: Path
+) -> None:
+    """The namespace lab's matrix (9 pods, TCP/UDP/SCTP on 80 and 81, by pod IP and by
+    Service IP: 864 cells) on kubelet's sandboxes, judged by the same oracle, before
+    and after policies with named ports: what the soak will run on real nodes."""
+    world = World.create([n.name for n in kube_cluster.nodes])
+    agents = PodAgents()
+    lab = TruthLab(kube_cluster, world, "legacy", services="kube-proxy")  # type: ignore[arg-type]
+    lab.agents = agents
+    try:
+        for ns, obj in world.namespaces.items():
+            kube_cluster.create_namespace(ns, obj["metadata"]["labels"])
+        for key, obj in world.pods.items():
+            meta, ports = obj["metadata"], obj["spec"]["containers"][0]["ports"]
+            pod = kube_cluster.create_pod(
+                meta["namespace"], meta["name"], world.placement[key], meta["labels"], ports
+            )
+            world.set_ip(key, pod.ip)
+            agents.start(key, kube_cluster.netns_argv(key), tmp_path / "podagents.log")
+        ds = kube_cluster.datastore()
+        for kind, body in kubeproxy.service_objects(world):
+            ds.create_raw(kind, body)
+        cluster_ips = sorted(world.cluster_ips.values())
+        assert settles(lambda: _kube_proxy_programmed(kube_cluster, cluster_ips), timeout=60)
+        lab.baseline = world.snapshot_labels()
+        result = lab.check()
+        assert result.cells == 864 and result.mismatches == [], result.mismatches[:20]
+        for seed in range(3):  # seed 1 allows egress by a named port only
+            lab.apply_policy(soak_policies.policy(seed))
+            result = lab.check()
+            assert result.mismatches == [], (seed, result.mismatches[:20])
+    finally:
+        agents.stop()
+        for namespace in world.namespaces:
+            kube_cluster.kubectl("delete", "namespace", namespace, "--wait=true", check=False)
