@@ -22,7 +22,7 @@ from tests.helpers import settles
 from tests.integration.nodes.conftest import service_answers, web_service
 from tests.soak import policies as soak_policies
 from tests.truthtable import kubeproxy
-from tests.truthtable.harness import PodAgents, TruthLab
+from tests.truthtable.harness import TruthLab
 from tests.truthtable.world import World
 
 pytestmark = pytest.mark.integration
@@ -263,9 +263,7 @@ def test_the_truth_tables_world_matches_the_oracle_on_real_nodes(
     Service IP: 864 cells) on kubelet's sandboxes, judged by the same oracle, before
     and after policies with named ports: what the soak will run on real nodes."""
     world = World.create([n.name for n in kube_cluster.nodes])
-    agents = PodAgents()
     lab = TruthLab(kube_cluster, world, "legacy", services="kube-proxy")  # type: ignore[arg-type]
-    lab.agents = agents
     try:
         for ns, obj in world.namespaces.items():
             kube_cluster.create_namespace(ns, obj["metadata"]["labels"])
@@ -275,7 +273,7 @@ def test_the_truth_tables_world_matches_the_oracle_on_real_nodes(
                 meta["namespace"], meta["name"], world.placement[key], meta["labels"], ports
             )
             world.set_ip(key, pod.ip)
-            agents.start(key, kube_cluster.netns_argv(key), tmp_path / "podagents.log")
+            lab.agents.start(key, kube_cluster.netns_argv(key), tmp_path / "podagents.log")
         ds = kube_cluster.datastore()
         for kind, body in kubeproxy.service_objects(world):
             ds.create_raw(kind, body)
@@ -289,6 +287,6 @@ def test_the_truth_tables_world_matches_the_oracle_on_real_nodes(
             result = lab.check()
             assert result.mismatches == [], (seed, result.mismatches[:20])
     finally:
-        agents.stop()
+        lab.agents.stop()
         for namespace in world.namespaces:
             kube_cluster.kubectl("delete", "namespace", namespace, "--wait=true", check=False)
