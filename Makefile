@@ -63,9 +63,11 @@ conformance: deps venv build images
 # Churn and faults on a 4-node lab for SOAK_MINUTES (default 15), a seeded schedule
 # (SOAK_SEED, default random and printed): tests/soak/runner.py. Ends with one line
 # `soak minutes=... duplicates=0 leaks=0 policy_violations=0 flows_lost=0`.
+# LAB=namespaces (default) or LAB=nodes: kubelet, containerd and Tabby's manifests.
 SOAK_MINUTES ?= 15
-soak: deps venv build
-	$(PY) -m tests.soak.runner --minutes $(SOAK_MINUTES) $(if $(SOAK_SEED),--seed $(SOAK_SEED))
+LAB ?= namespaces
+soak: deps venv build $(if $(filter nodes,$(LAB)),images)
+	$(PY) -m tests.soak.runner --lab $(LAB) --minutes $(SOAK_MINUTES) $(if $(SOAK_SEED),--seed $(SOAK_SEED))
 
 # The README's first command: a 3-node lab with pods, BGP and a policy. `make demo-down` ends it.
 demo: deps venv build images

@@ -482,6 +482,16 @@ class KubeCluster(PodLab[KubePod]):
         with contextlib.suppress(NotFound):
             self.datastore().delete_raw(kinds.NETWORKPOLICY, name, namespace)
 
+    def apply_cluster_policy(self, policy: dict[str, Any]) -> None:
+        """Create or replace a ClusterNetworkPolicy (``metadata`` and ``spec``)."""
+        kind = kinds.CLUSTERNETWORKPOLICY
+        body = {"apiVersion": kind.api_version, "kind": kind.kind, **policy}
+        self.kubectl("apply", "-f", "-", stdin=json.dumps(body))
+
+    def delete_cluster_policy(self, name: str) -> None:
+        with contextlib.suppress(NotFound):
+            self.datastore().delete_raw(kinds.CLUSTERNETWORKPOLICY, name)
+
     def sandbox_pid(self, pod: str) -> int:
         """The pid of the pod's sandbox (pause) process, found through the node's CRI."""
         info = self.pods[pod]

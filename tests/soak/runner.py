@@ -1,15 +1,23 @@
 """`make soak`: churn and faults on a 3-node lab, with the invariants checked after
 every event.
 
-The lab is the truth table's (:class:`~tests.truthtable.harness.TruthLab`): its own
-etcd and kube-apiserver, three node namespaces with real ``tabby-node`` agents
-(ExaBGP full mesh) and the real ``kube-proxy`` (nftables mode), nine probed pods with
-servers on TCP, UDP and SCTP, a ClusterIP Service for each, and the independent
-oracle. Around them the soak adds a fourth, spare node
-(churn pods only: the one a ``node-replace`` fault removes and re-adds), churn pods
-(bursts of ADDs on one node), an established TCP flow between two more pods on
-different nodes, ``tabby-controllers`` (its IPAM GC, which cleans up after a removed
-node), and runs the seeded :mod:`schedule <tests.soak.schedule>`.
+The probed world is the truth table's (:class:`~tests.truthtable.harness.TruthLab`):
+nine pods with servers on TCP, UDP and SCTP, a ClusterIP Service for each through the
+real ``kube-proxy``, and the independent oracle, on one of two labs (``--lab``):
+
+* ``namespaces``: its own etcd and kube-apiserver, node namespaces with ``tabby-node``
+  agents the lab starts (ExaBGP full mesh), kube-proxy in nftables mode;
+* ``nodes``: the real-node lab (:mod:`lab.kubecluster`): kubelet, containerd and
+  kube-proxy (iptables mode) per node, Tabby installed from ``manifests/``; pods are
+  Pods, the agent is the DaemonSet's container, and a removed node is a stopped
+  kubelet and a deleted Node.
+
+What differs between the two is behind :mod:`tests.soak.targets`. Around the world the
+soak adds a fourth, spare node (churn pods only: the one a ``node-replace`` fault
+removes and re-adds), churn pods (bursts of ADDs on one node), an established TCP flow
+between two more pods on different nodes, ``tabby-controllers`` with short GC
+intervals (its IPAM GC cleans up after a removed node), and runs the seeded
+:mod:`schedule <tests.soak.schedule>`.
 
 After each event (a checkpoint): the whole matrix is probed against the oracle
 (converge, then confirm: see the harness), the sandboxes' addresses are read for
@@ -17,7 +25,7 @@ duplicates, IPAM is read for leaks, and the flow is asked whether it still lives
 While an agent restarts, the cells the oracle says are closed around its node are
 probed without pause: one open is an allow-all window.
 
-Run: ``.venv/bin/python -m tests.soak.runner --minutes 15 [--seed N]``; the last
+Run: ``.venv/bin/python -m tests.soak.runner --minutes 15 [--seed N] [--lab nodes]``; the last
 line is ``soak minutes=... duplicates=0 leaks=0 policy_violations=0 flows_lost=0``
 and the exit code is 0 only if every loss counter is 0. Everything started is
 stopped by PID, also after a failure.
@@ -36,7 +44,6 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -48,11 +55,13 @@ from felix.wiring import host_ifname_for
 from ipam.report import Snapshot
 from lab import netns
 from lab.cluster import PodInfo
+from lab.kubecluster import KubeCluster, KubePod, KubeSpec
 from policy.naming import endpoint_chain_names
 from tests.soak import policies
 from tests.soak.invariants import Endpoint, Tally, duplicates, leaks, unheld_addresses
 from tests.soak.schedule import FAULT_KINDS, Event, schedule
-from tests.truthtable.harness import BACKENDS, PROBE_TIMEOUT_S, TruthLab, stop_processes
+from tests.soak.targets import NamespaceTarget, NodesTarget, SoakTarget
+from tests.truthtable.harness import PROBE_TIMEOUT_S, TruthLab, stop_processes
 from tests.truthtable.world import NAMESPACES, Cell
 
 CHURN_NS = "soak-churn"
@@ -72,6 +81,8 @@ WINDOW_SAMPLE = 120  # closed cells probed during a restart
 JOURNAL = "cni-inflight"  # the agent's ADD journal under its run dir
 TEARDOWN_TIMEOUT_S = 60.0  # answered DELs' deferred teardowns finished by then
 BACKEND = "nft"
+LABS = ("namespaces", "nodes")
+MAX_PODS_PER_NODE = 250  # kubelet's limit on the real-node lab: bursts pile up
 Progress = Callable[[str], None]
 
 
@@ -84,14 +95,15 @@ class Soak:
 
     def __init__(
         self,
-        lab: TruthLab,
+        target: SoakTarget,
         tally: Tally,
         *,
         apiserver_down_s: float = APISERVER_DOWN_S,
         progress: Progress = _print,
     ) -> None:
-        self.lab = lab
-        self.cluster = lab.cluster
+        self.target = target
+        self.lab = target.lab
+        self.cluster = target.lab.cluster
         self.tally = tally
         self.apiserver_down_s = apiserver_down_s
         self.progress = progress
@@ -160,35 +172,24 @@ class Soak:
 
     def burst(self, node: str, names: list[str]) -> dict[str, str]:
         """All ADDs at once on *node*; returns the failed ones with their errors."""
-        failed: dict[str, str] = {}
-
-        def add(name: str) -> None:
-            try:
-                self.cluster.create_pod(CHURN_NS, name, node, {"pod": "churn"})
-            except (RuntimeError, subprocess.TimeoutExpired) as err:
-                with self.lock:
-                    failed[name] = str(err)
-                return
-            with self.lock:
-                self.churn[name] = node
-                self.tally.pods += 1
-
-        with ThreadPoolExecutor(max_workers=len(names)) as pool:
-            list(pool.map(add, names))
+        failed = self.target.create_pods(CHURN_NS, node, names, {"pod": "churn"})
+        with self.lock:
+            for name in names:
+                if name not in failed:
+                    self.churn[name] = node
+                    self.tally.pods += 1
         return failed
 
     def abandon(self, node: str, failed: dict[str, str]) -> None:
-        """The runtime's DEL after each failed ADD, once the agent serves again."""
-        for name in failed:
-            self.cluster.abandon_pod(CHURN_NS, name, node)
+        """What the runtime does after each failed ADD, once the agent serves again."""
+        self.target.abandon_pods(CHURN_NS, node, sorted(failed))
 
     def pods_delete(self, event: Event) -> None:
         rng = random.Random(event.seed)
         victims = rng.sample(sorted(self.churn), min(event.count, len(self.churn)))
         for name in victims:
             del self.churn[name]
-        with ThreadPoolExecutor(max_workers=max(1, len(victims))) as pool:
-            list(pool.map(lambda n: self.cluster.delete_pod(CHURN_NS, n), victims))
+        self.target.delete_pods(CHURN_NS, victims)
 
     def policy_apply(self, event: Event) -> None:
         self.lab.apply_policy(policies.policy(event.seed))
@@ -247,7 +248,7 @@ class Soak:
         watcher = threading.Thread(target=watch)
         watcher.start()
         try:
-            self.cluster.kill_agent(event.node)
+            self.target.kill_agent(event.node)
             stop.wait(RESTART_SETTLE_S)
         finally:
             stop.set()
@@ -270,12 +271,12 @@ class Soak:
     def exabgp_kill(self, event: Event) -> None:
         """kill -9 of the node's ExaBGP; the agent restarts it. Waits for the new
         speaker, so the checkpoint judges routes after it."""
-        killed = self.cluster.kill_speaker(event.node)
+        killed = self.target.kill_speaker(event.node)
         if killed is None:
             raise RuntimeError(f"{event.node}'s agent runs no live ExaBGP to kill")
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            if self.cluster.speaker_pid(event.node) not in (None, killed):
+            if self.target.speaker_pid(event.node) not in (None, killed):
                 return
             time.sleep(0.2)
         raise RuntimeError(f"{event.node}'s agent did not start ExaBGP again within 60 s")
@@ -297,8 +298,8 @@ class Soak:
         if remaining > 0:
             time.sleep(remaining)  # the outage's length is the fault itself
         cp.start_etcd()
-        assert cp.etcd is not None
-        (self.cluster.lab.state_dir / "owner.pid").write_text(str(cp.etcd.pid))
+        assert cp.etcd is not None and cp.etcd.pid is not None
+        self.cluster.lab.set_owner(cp.etcd.pid)  # the lab lives as long as its etcd
         cp.start_apiserver()
 
     def route_delete(self, event: Event) -> None:
@@ -313,10 +314,8 @@ class Soak:
         key = random.Random(event.seed).choice(sorted(self.lab.world.pods))
         namespace, name = key.split("/")
         to_chain, _ = endpoint_chain_names(host_ifname_for(namespace, name))
-        node = self.cluster.node(self.lab.world.placement[key])
-        _, command = BACKENDS[BACKEND]
         try:
-            netns.ns_exec(node.netns, [command, "-t", "filter", "-F", to_chain])
+            self.target.flush_chain(self.lab.world.placement[key], to_chain)
         except netns.NetnsError as err:  # the agent never made the chain?
             self.tally.fault_misses.append(f"{event.describe()}: {err}")
 
@@ -333,14 +332,15 @@ class Soak:
             held = [f"unreadable: {err}"]
         if not held:
             self.tally.fault_misses.append(f"{event.describe()}: IPAM held nothing of the node")
-        lost = self.cluster.remove_node(event.node)
+        lost = self.target.remove_node(event.node)
         with self.lock:
-            for pod in lost:
-                if pod.namespace != CHURN_NS:
-                    raise RuntimeError(f"{pod.key} was on {event.node}, which must hold churn only")
-                self.churn.pop(pod.name, None)
+            for key in lost:
+                namespace, name = key.split("/")
+                if namespace != CHURN_NS:
+                    raise RuntimeError(f"{key} was on {event.node}, which must hold churn only")
+                self.churn.pop(name, None)
         self.tally.found("leaks", self.wait_node_cleaned(event.node), event.describe())
-        self.cluster.rejoin_node(event.node)
+        self.target.rejoin_node(event.node)
         names = [f"r{event.index}-{i}" for i in range(event.count)]
         failed = self.burst(event.node, names)
         self.tally.add_failures += [f"{event.describe()}: {err}" for err in failed.values()]
@@ -394,11 +394,12 @@ class Soak:
         self.flow_client = self._flow_proc(client, ["client", server.ip, str(FLOW_PORT)])
         self.flow_procs.append(self.flow_client)
 
-    def _flow_proc(self, pod: PodInfo, args: list[str]) -> subprocess.Popen[str]:
+    def _flow_proc(self, pod: PodInfo | KubePod, args: list[str]) -> subprocess.Popen[str]:
         log_path = self.cluster.workdir / "flow.log"
+        in_pod = self.cluster.netns_argv(pod.key)
         with open(log_path, "a") as err:
             proc = subprocess.Popen(
-                ["ip", "netns", "exec", pod.netns, sys.executable, str(FLOW_SCRIPT), *args],
+                [*in_pod, sys.executable, str(FLOW_SCRIPT), *args],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=err,
@@ -432,7 +433,7 @@ class Soak:
         self.tally.found("duplicates", dups, when, once=True)
         self.tally.found("leaks", self.wait_teardowns(), when, once=True)
         snapshot = Snapshot.load(self.cluster.datastore())
-        live = {p.container_id: p.key for p in self.cluster.pods.values()}
+        live = self.target.live_sandboxes()
         self.tally.found("duplicates", unheld_addresses(snapshot, endpoints, live), when, once=True)
         self.tally.found("leaks", leaks(snapshot, live), when, once=True)
         self.check_flow(when)
@@ -461,12 +462,7 @@ class Soak:
 
     def endpoints(self) -> list[Endpoint]:
         """Every live sandbox's eth0 address as the kernel has it, and tunnel addresses."""
-        out = []
-        for pod in list(self.cluster.pods.values()):
-            text = netns.ip(pod.netns, "-4", "-o", "addr", "show", "dev", "eth0", check=False)
-            for word in text.split():
-                if "/" in word and word[0].isdigit():
-                    out.append(Endpoint(f"pod {pod.key}", word.split("/")[0]))
+        out = self.target.pod_endpoints()
         nodes, _ = self.cluster.datastore().list_raw(kinds.NODE)
         for node in nodes:
             for key, value in (node["metadata"].get("annotations") or {}).items():
@@ -476,8 +472,7 @@ class Soak:
 
     def finish(self) -> None:
         """Every churn pod deleted as a runtime would; then nothing may be left held."""
-        with ThreadPoolExecutor(max_workers=max(1, min(20, len(self.churn)))) as pool:
-            list(pool.map(lambda n: self.cluster.delete_pod(CHURN_NS, n), sorted(self.churn)))
+        self.target.delete_pods(CHURN_NS, sorted(self.churn))
         self.churn.clear()
         self.checkpoint("end, churn pods deleted")
         self.tally.minutes = self.elapsed() / 60
@@ -509,49 +504,48 @@ def run_soak(
     seed: int,
     workdir: Path,
     *,
+    lab_kind: str = "namespaces",
     apiserver_down_s: float = APISERVER_DOWN_S,
     progress: Progress = _print,
 ) -> Tally:
     """Bring the lab up, soak, bring it down (however it ends)."""
-    progress(f"soak: {minutes:g} min, seed {seed}, lab in {workdir}")
-    lab = TruthLab.up(
-        workdir,
-        BACKEND,
-        progress,
-        nodes=3,
-        spare_nodes=SPARE_NODES,
-        resync_interval_s=RESYNC_S,
-        services="kube-proxy",
-    )
-    soak = Soak(lab, Tally(seed), apiserver_down_s=apiserver_down_s, progress=progress)
-    controllers: list[subprocess.Popen[str]] = []
+    progress(f"soak: {minutes:g} min, seed {seed}, {lab_kind} lab in {workdir}")
+    target = bring_up(lab_kind, workdir, progress)
+    soak = Soak(target, Tally(seed), apiserver_down_s=apiserver_down_s, progress=progress)
     try:
-        controllers.append(start_controllers(lab.cluster.kubeconfig, workdir / "controllers.log"))
-        nodes = [n.name for n in lab.cluster.nodes]
+        target.setup(GC_INTERVAL_S, GC_GRACE_S)
+        nodes = [n.name for n in target.lab.cluster.nodes]
         events = schedule(seed, nodes, spares=nodes[-SPARE_NODES:])
         return soak.run(events, minutes)
     finally:
-        stop_processes(controllers)
+        target.teardown()
         soak.stop_flow()
-        lab.down()
+        target.lab.down()
 
 
-def start_controllers(kubeconfig: Path, log_path: Path) -> subprocess.Popen[str]:
-    """tabby-controllers as its Deployment runs it, with short GC intervals (what an
-    operator sets to watch it); the policy status writer is left out: the soak's
-    NetworkPolicy edits are its subject, not writes racing them."""
-    argv = [
-        str(Path(sys.executable).with_name("tabby-controllers")),
-        "--kubeconfig",
-        str(kubeconfig),
-        "--gc-interval-seconds",
-        f"{GC_INTERVAL_S:g}",
-        "--gc-grace-seconds",
-        f"{GC_GRACE_S:g}",
-        "--no-policy-status",
-    ]
-    with open(log_path, "a") as log:
-        return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, text=True)
+def bring_up(lab_kind: str, workdir: Path, progress: Progress) -> SoakTarget:
+    """Three nodes with the probed world and :data:`SPARE_NODES` more, of either lab."""
+    if lab_kind == "namespaces":
+        lab = TruthLab.up(
+            workdir,
+            BACKEND,
+            progress,
+            nodes=3,
+            spare_nodes=SPARE_NODES,
+            resync_interval_s=RESYNC_S,
+            services="kube-proxy",
+        )
+        return NamespaceTarget(lab, BACKEND)
+    if lab_kind != "nodes":
+        raise ValueError(f"lab {lab_kind!r} is not one of {', '.join(LABS)}")
+    spec = KubeSpec(nodes=3 + SPARE_NODES, max_pods=MAX_PODS_PER_NODE)
+    cluster = KubeCluster.up(workdir, spec, progress)
+    try:
+        lab = TruthLab.on_nodes(cluster, progress, nodes=3)
+    except BaseException:
+        cluster.down()
+        raise
+    return NodesTarget(lab, stay_on=cluster.nodes[0].name, resync_s=RESYNC_S)
 
 
 def unfinished_teardowns(run_dirs: dict[str, Path]) -> list[str]:
@@ -583,6 +577,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--minutes", type=float, default=minutes, help="$SOAK_MINUTES or 15")
     parser.add_argument("--seed", type=int, default=None, help="default: a random one, printed")
     parser.add_argument("--apiserver-down", type=float, default=APISERVER_DOWN_S)
+    parser.add_argument(
+        "--lab", choices=LABS, default=os.environ.get("SOAK_LAB", "namespaces"),
+        help="namespaces (default, $SOAK_LAB) or nodes: kubelet, containerd, the manifests",
+    )  # fmt: skip
     parser.add_argument("--workdir", type=Path, default=None)
     args = parser.parse_args(argv)
     if os.geteuid() != 0:
@@ -590,7 +588,13 @@ def main(argv: list[str] | None = None) -> int:
     seed = args.seed if args.seed is not None else random.SystemRandom().getrandbits(32)
     with contextlib.ExitStack() as stack:
         workdir = args.workdir or Path(stack.enter_context(tempfile.TemporaryDirectory()))
-        tally = run_soak(args.minutes, seed, workdir / "lab", apiserver_down_s=args.apiserver_down)
+        tally = run_soak(
+            args.minutes,
+            seed,
+            workdir / "lab",
+            lab_kind=args.lab,
+            apiserver_down_s=args.apiserver_down,
+        )
     for line in summary(tally):
         print(line)
     print(tally.last_line(), flush=True)

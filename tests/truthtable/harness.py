@@ -36,7 +36,9 @@ from pathlib import Path
 from typing import IO, Any
 
 from datastore import kinds
+from lab import netns
 from lab.cluster import ClusterSpec, LabCluster
+from lab.kubecluster import KubeCluster
 from tests.truthtable import kubeproxy
 from tests.truthtable.world import PORTS, SERVICE_PORT_OFFSET, Cell, World
 
@@ -172,6 +174,31 @@ class CheckResult:
     refused: int = 0
 
 
+KUBE_PROXY_TIMEOUT_S = 60.0
+
+
+def _services_on_nodes(cluster: KubeCluster, world: World) -> None:
+    """The world's Services and EndpointSlices; until every node's kube-proxy
+    (iptables mode: lab.kubecluster) has written every ClusterIP."""
+    ds = cluster.datastore()
+    for kind, body in kubeproxy.service_objects(world):
+        ds.create_raw(kind, body)
+    cluster_ips = sorted(world.cluster_ips.values())
+    deadline = time.monotonic() + KUBE_PROXY_TIMEOUT_S
+    for node in cluster.nodes:
+        while True:
+            table = netns.ns_exec(node.netns, ["iptables-save", "-t", "nat"], check=False)
+            missing = [ip for ip in cluster_ips if ip not in table]
+            if not missing:
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"kube-proxy on {node.name} did not program {len(missing)} ClusterIPs "
+                    f"within {KUBE_PROXY_TIMEOUT_S:.0f} s: {', '.join(missing[:5])}"
+                )
+            time.sleep(0.5)
+
+
 def _is_open(result: str) -> bool:
     return result == "ok"
 
@@ -183,7 +210,11 @@ class TruthLab:
     """A lab cluster with the truth-table world in it."""
 
     def __init__(
-        self, cluster: LabCluster, world: World, backend: str, services: str = "emulated"
+        self,
+        cluster: LabCluster | KubeCluster,
+        world: World,
+        backend: str,
+        services: str = "emulated",
     ) -> None:
         if services not in SERVICES:
             raise ValueError(f"services {services!r} is not one of {', '.join(SERVICES)}")
@@ -228,6 +259,23 @@ class TruthLab:
             raise
         return lab
 
+    @classmethod
+    def on_nodes(
+        cls, cluster: KubeCluster, progress: Progress = _quiet, *, nodes: int = 3
+    ) -> TruthLab:
+        """The world on a real-node lab that is up (lab.kubecluster): its pods are
+        kubelet's sandboxes on the first *nodes* nodes, their pod agents entered by
+        ``nsenter``, its Services translated by the nodes' own kube-proxy (iptables
+        mode). ``down`` stops the pod agents and the lab."""
+        world = World.create([n.name for n in cluster.nodes[:nodes]])
+        lab = cls(cluster, world, "legacy", services="kube-proxy")
+        try:
+            lab._populate(progress)
+        except BaseException:
+            lab.agents.stop()
+            raise
+        return lab
+
     def _populate(self, progress: Progress) -> None:
         for ns, obj in self.world.namespaces.items():
             self.cluster.create_namespace(ns, obj["metadata"]["labels"])
@@ -245,8 +293,12 @@ class TruthLab:
         logs = self.cluster.workdir / "podagents.log"
         for key in self.world.pods:
             self.agents.start(key, self.cluster.netns_argv(key), logs)
-        if self.services == "kube-proxy":
+        if isinstance(self.cluster, KubeCluster):
+            progress("creating the world's Services (the nodes' kube-proxy programs them)")
+            _services_on_nodes(self.cluster, self.world)
+        elif self.services == "kube-proxy":
             progress("starting kube-proxy on the world's nodes")
+            assert isinstance(self.cluster, LabCluster)
             world_nodes = sorted(set(self.world.placement.values()))
             kubeproxy.start(self.cluster, self.world, [self.cluster.node(n) for n in world_nodes])
         else:
@@ -254,6 +306,7 @@ class TruthLab:
         self.baseline = self.world.snapshot_labels()
 
     def _emulate_services(self) -> None:
+        assert isinstance(self.cluster, LabCluster)
         _, save_cmd = BACKENDS[self.backend]
         rules = service_rules(self.world)
         for node in self.cluster.nodes:

@@ -11,17 +11,15 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from lab import netns
 from lab.kubecluster import AGNHOST_IMAGE, KubeCluster
 from tests.helpers import settles
 from tests.integration.nodes.conftest import service_answers, web_service
 from tests.soak import policies as soak_policies
-from tests.truthtable import kubeproxy
+from tests.soak.targets import NodesTarget
 from tests.truthtable.harness import TruthLab
 from tests.truthtable.world import World
 
@@ -247,39 +245,14 @@ def test_a_deployment_of_30_spreads_is_ready_and_recreated_pods_leak_nothing(
     )  # fmt: skip
 
 
-def _kube_proxy_programmed(cluster: KubeCluster, cluster_ips: list[str]) -> bool:
-    """Whether every node's kube-proxy (iptables mode) has written every ClusterIP."""
-    for node in cluster.nodes:
-        table = netns.ns_exec(node.netns, ["iptables-save", "-t", "nat"], check=False)
-        if any(ip not in table for ip in cluster_ips):
-            return False
-    return True
-
-
 def test_the_truth_tables_world_matches_the_oracle_on_real_nodes(
-    kube_cluster: KubeCluster, tmp_path: Path
+    kube_cluster: KubeCluster,
 ) -> None:
     """The namespace lab's matrix (9 pods, TCP/UDP/SCTP on 80 and 81, by pod IP and by
     Service IP: 864 cells) on kubelet's sandboxes, judged by the same oracle, before
     and after policies with named ports: what the soak will run on real nodes."""
-    world = World.create([n.name for n in kube_cluster.nodes])
-    lab = TruthLab(kube_cluster, world, "legacy", services="kube-proxy")  # type: ignore[arg-type]
+    lab = TruthLab.on_nodes(kube_cluster)
     try:
-        for ns, obj in world.namespaces.items():
-            kube_cluster.create_namespace(ns, obj["metadata"]["labels"])
-        for key, obj in world.pods.items():
-            meta, ports = obj["metadata"], obj["spec"]["containers"][0]["ports"]
-            pod = kube_cluster.create_pod(
-                meta["namespace"], meta["name"], world.placement[key], meta["labels"], ports
-            )
-            world.set_ip(key, pod.ip)
-            lab.agents.start(key, kube_cluster.netns_argv(key), tmp_path / "podagents.log")
-        ds = kube_cluster.datastore()
-        for kind, body in kubeproxy.service_objects(world):
-            ds.create_raw(kind, body)
-        cluster_ips = sorted(world.cluster_ips.values())
-        assert settles(lambda: _kube_proxy_programmed(kube_cluster, cluster_ips), timeout=60)
-        lab.baseline = world.snapshot_labels()
         result = lab.check()
         assert result.cells == 864 and result.mismatches == [], result.mismatches[:20]
         for seed in range(3):  # seed 1 allows egress by a named port only
@@ -288,5 +261,30 @@ def test_the_truth_tables_world_matches_the_oracle_on_real_nodes(
             assert result.mismatches == [], (seed, result.mismatches[:20])
     finally:
         lab.agents.stop()
-        for namespace in world.namespaces:
+        for namespace in lab.world.namespaces:
             kube_cluster.kubectl("delete", "namespace", namespace, "--wait=true", check=False)
+
+
+def test_the_soaks_faults_on_real_nodes_kill_and_restart_what_they_name(
+    kube_cluster: KubeCluster,
+) -> None:
+    """The real-node soak's seam (tests/soak/targets.py) on this lab: ExaBGP killed
+    and started again by its agent; the agent's container killed and restarted by
+    kubelet, then serving ADDs; the sandboxes and their addresses read through CRI."""
+    names = [n.name for n in kube_cluster.nodes]
+    world = World.create(names)
+    target = NodesTarget(TruthLab(kube_cluster, world, "legacy", "kube-proxy"), names[0], 10)
+    node = names[-1]
+    killed = target.kill_speaker(node)
+    assert killed is not None, "no ExaBGP found under the node's agent"
+    assert settles(lambda: target.speaker_pid(node) not in (None, killed), timeout=60)
+    target.kill_agent(node)  # returns once kubelet's new container is ready
+    assert settles(lambda: target.speaker_pid(node) is not None, timeout=60)
+    assert target.create_pods("soak-seam", node, ["a", "b"], {"pod": "churn"}) == {}
+    keys = {"soak-seam/a", "soak-seam/b"}
+    assert keys <= set(target.live_sandboxes().values())
+    addresses = {e.owner: e.ip for e in target.pod_endpoints()}
+    for key in keys:
+        assert addresses[f"pod {key}"] == kube_cluster.pods[key].ip
+    target.delete_pods("soak-seam", ["a", "b"])
+    assert not keys & set(target.live_sandboxes().values())
