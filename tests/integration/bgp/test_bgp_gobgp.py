@@ -106,6 +106,16 @@ def test_gobgp_as_external_peer(lab: Lab, tmp_path: Path) -> None:
         a, b = agents
         wait_for(lambda: gobgp_established(tor_ns, "10.99.0.1"), what="GoBGP session to a")
         wait_for(lambda: gobgp_established(tor_ns, "10.99.0.2"), what="GoBGP session to b")
+        # The nodes' own mesh session comes up on its own connect retries, possibly
+        # after both sessions to GoBGP: its routes are what the test later checks kept.
+        wait_for(
+            lambda: (
+                "10.244.1.0/26 via 10.99.0.1 proto 81" in b.kernel()
+                and "10.244.2.0/26 via 10.99.0.2 proto 81" in a.kernel()
+            ),
+            timeout=60,
+            what="each node's block in the other's kernel over the mesh",
+        )
 
         # GoBGP receives each node's block, with the node as next hop
         wait_for(
