@@ -219,7 +219,8 @@ class PolicyStatusController:
         self.informers = self._informers()
 
     def _informers(self) -> dict[str, Informer]:
-        """One informer per kind; ClusterNetworkPolicy only where its CRD is installed."""
+        """One informer per kind; ClusterNetworkPolicy's is optional (a cluster without
+        its CRD has NetworkPolicy only, until the CRD is installed)."""
         handlers = Handlers(
             on_add=lambda _o: self._wake.set(),
             on_update=lambda _o, _n: self._wake.set(),
@@ -231,25 +232,16 @@ class PolicyStatusController:
             "networkpolicies": kinds.NETWORKPOLICY,
             "cluster": kinds.CLUSTERNETWORKPOLICY,
         }
-        if not self._installed(kinds.CLUSTERNETWORKPOLICY):
-            log.warning("ClusterNetworkPolicy is not installed (no CRD): NetworkPolicy only")
-            del wanted["cluster"]
         return {
             role: Informer(
                 self.datastore,
                 kind,
                 handlers,
                 transform=node_health_fields if role == "nodes" else without_managed_fields,
+                optional=role == "cluster",
             )
             for role, kind in wanted.items()
         }
-
-    def _installed(self, kind: kinds.ResourceKind) -> bool:
-        try:
-            self.datastore.transport.request("GET", kind.collection_path(), query={"limit": "1"})
-        except NotFound:
-            return False
-        return True
 
     def start(self) -> None:
         for informer in self.informers.values():

@@ -6,6 +6,12 @@ resourceVersion seen, with exponential backoff while the apiserver is away. If t
 version has expired (410 Gone), the informer relists and reconciles the new list
 against its cache, so callbacks see each real change exactly once: adds for new
 objects, updates for changed ones, deletes for ones that vanished meanwhile.
+
+An *optional* kind (a CRD a cluster may not have installed, such as
+ClusterNetworkPolicy) that the apiserver does not serve (404 on the list) counts as
+synced and empty: its objects, if any were cached, are deleted, and the list is tried
+again every ``absent_retry_s`` until the kind is served; then its objects are added as
+any list's are. A required kind's 404 is retried with backoff, like any error.
 """
 
 from __future__ import annotations
@@ -18,11 +24,12 @@ from typing import Any
 
 from datastore import kinds
 from datastore.client import LIST_PAGE_SIZE, Datastore
-from datastore.errors import DatastoreError, Gone
+from datastore.errors import DatastoreError, Gone, NotFound
 from datastore.transport import Query
 
 log = logging.getLogger(__name__)
 
+ABSENT_RETRY_S = 10.0  # how often an optional kind that is not served is looked for
 Obj = dict[str, Any]
 Handler = Callable[[Obj], None]
 UpdateHandler = Callable[[Obj, Obj], None]
@@ -98,6 +105,8 @@ class Informer:
         backoff: Backoff | None = None,
         transform: Callable[[Obj], Obj] | None = None,
         page_size: int = LIST_PAGE_SIZE,
+        optional: bool = False,
+        absent_retry_s: float = ABSENT_RETRY_S,
     ) -> None:
         """``transform`` (client-go's SetTransform) shapes each object before it is
         cached and handed to the handlers: an agent keeps only the fields it reads."""
@@ -112,6 +121,9 @@ class Informer:
         self.backoff = backoff or Backoff()
         self.transform = transform
         self.page_size = page_size
+        self.optional = optional
+        self.absent_retry_s = absent_retry_s
+        self.served = True  # False while an optional kind is not served (no CRD)
         self.cache: dict[str, Obj] = {}
         self.stats = InformerStats()
         self.synced = threading.Event()
@@ -152,6 +164,12 @@ class Informer:
                 if self._needs_list:
                     self._list_and_reconcile()
                 self._watch_once()
+            except NotFound as exc:
+                if not self.optional:
+                    self._retry_after_error(exc)
+                    continue
+                self._absent(exc)
+                self._stop.wait(self.absent_retry_s)
             except Gone:
                 self.stats.relists_on_gone += 1
                 log.info(
@@ -161,10 +179,30 @@ class Informer:
                 )
                 self._needs_list = True
             except DatastoreError as exc:
-                self.stats.errors += 1
-                delay = self.backoff.next()
-                log.warning("%s watch failed (%s); retrying in %.1fs", self.kind.plural, exc, delay)
-                self._stop.wait(delay)
+                self._retry_after_error(exc)
+
+    def _retry_after_error(self, exc: DatastoreError) -> None:
+        self.stats.errors += 1
+        delay = self.backoff.next()
+        log.warning("%s watch failed (%s); retrying in %.1fs", self.kind.plural, exc, delay)
+        self._stop.wait(delay)
+
+    def _absent(self, exc: NotFound) -> None:
+        """The optional kind is not served: an empty, synced cache; relist later."""
+        if self.served:
+            log.warning(
+                "%s is not served by the apiserver (%s; is its CRD installed?): treated "
+                "as none, looked for again every %.0fs",
+                self.kind.plural, exc, self.absent_retry_s,
+            )  # fmt: skip
+        self.served = False
+        with self._lock:
+            gone, self.cache = self.cache, {}
+        for item in gone.values():
+            self._emit_delete(item)
+        self.resource_version = ""
+        self._needs_list = True
+        self.synced.set()
 
     def _query(self) -> Query:
         query: Query = {}
@@ -203,6 +241,9 @@ class Informer:
                 self._emit_delete(item)
         self.resource_version = version
         self._needs_list = False
+        if not self.served:
+            log.info("%s is served now: %d listed", self.kind.plural, len(fresh))
+        self.served = True
         self.backoff.reset()
         self.synced.set()
 

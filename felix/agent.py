@@ -94,6 +94,9 @@ from policy.pod_fields import slim_pod
 log = logging.getLogger(__name__)
 
 SYNC_TIMEOUT_S = 60.0
+# Kinds a cluster may lack (a CRD not installed): none of them is read as none, and
+# they are looked for again (datastore.informer); every other kind must be served.
+OPTIONAL_KINDS = (kinds.CLUSTERNETWORKPOLICY,)
 
 
 @dataclass
@@ -428,6 +431,7 @@ class Agent:
                 self._requester(name),
                 field_selector=field_selector,
                 transform=slim_pod if kind is kinds.POD else without_managed_fields,
+                optional=kind in OPTIONAL_KINDS,
             )
             self.informers[name] = informer.start()
 

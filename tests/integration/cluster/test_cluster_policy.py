@@ -16,7 +16,12 @@ from typing import Any
 
 import pytest
 
+from datastore import kinds
+from datastore.errors import NotFound
+from datastore.informer import ABSENT_RETRY_S
 from lab.cluster import ClusterSpec, LabCluster
+from lab.controlplane import CRD_PATH
+from tests.helpers import settles
 
 pytestmark = pytest.mark.integration
 
@@ -46,9 +51,11 @@ def _matrix(cluster: LabCluster) -> dict[tuple[str, str], bool]:
     }
 
 
-def _settles(cluster: LabCluster, expected: dict[tuple[str, str], bool]) -> None:
+def _settles(
+    cluster: LabCluster, expected: dict[tuple[str, str], bool], deadline: float | None = None
+) -> None:
     """Policy is enforced within the agents' passes: poll until the matrix holds."""
-    deadline = time.monotonic() + 15
+    deadline = deadline or time.monotonic() + 15
     seen = _matrix(cluster)
     while seen != expected and time.monotonic() < deadline:
         time.sleep(0.3)
@@ -110,3 +117,37 @@ def test_admin_and_baseline_tiers_around_a_networkpolicy(two_nodes: LabCluster) 
     lab.delete_policy("x", "from-y")
     lab.delete_cluster_policy("base")
     _settles(lab, everything)
+
+
+def test_agents_work_without_the_crd_and_enforce_it_once_installed(
+    two_nodes: LabCluster,
+) -> None:
+    """A cluster without the ClusterNetworkPolicy CRD (an older install, or one that
+    leaves it out): an agent started there becomes ready, wires pods and enforces
+    NetworkPolicy; once the CRD is installed, every agent enforces its policies."""
+    lab = two_nodes
+    assert lab.cp is not None
+    kind = kinds.CLUSTERNETWORKPOLICY
+    crd = f"{CRD_PATH}/{kind.plural}.{kind.group}"
+    transport = lab.datastore().transport
+    transport.request("DELETE", crd)
+    assert settles(lambda: not _served(lab, kind), timeout=60), "the CRD was not deleted"
+    lab.restart_agent("node2")  # returns once its CNI socket answers: it is ready
+    lab.create_pod("x", "d", "node2", {"pod": "d"})
+    assert lab.can_reach("x/d", "x/a") and lab.can_reach("y/c", "x/d")
+    everything = dict.fromkeys(_matrix(lab), True)
+    lab.apply_policy(NP_FROM_Y)
+    _settles(lab, {**everything, ("x/b", "x/a"): False})
+
+    lab.cp.install_crds()
+    lab.apply_cluster_policy(cnp("no-y", "Admin", 10, [{"action": "Deny", "from": FROM_Y}]))
+    deadline = time.monotonic() + ABSENT_RETRY_S + 15  # the agents look for it again
+    _settles(lab, {**everything, ("x/b", "x/a"): False, ("y/c", "x/a"): False}, deadline)
+
+
+def _served(lab: LabCluster, kind: kinds.ResourceKind) -> bool:
+    try:
+        lab.datastore().list_raw(kind)
+    except NotFound:
+        return False
+    return True

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -10,7 +11,7 @@ import pytest
 from datastore import kinds
 from datastore.client import Datastore, RetriesExhausted
 from datastore.errors import AlreadyExists, Conflict, NotFound, Unavailable, error_for
-from datastore.informer import Handlers, Informer, without_managed_fields
+from datastore.informer import Backoff, Handlers, Informer, without_managed_fields
 from datastore.memory import MemoryTransport
 from datastore.models import IPAMHandle, IPAMHandleSpec, IPPool, IPPoolSpec, Meta
 
@@ -242,3 +243,73 @@ def test_the_informer_lists_a_page_at_a_time_and_shapes_each_page() -> None:
     assert transport.pages_served - served == 3
     assert sorted(informer.snapshot()) == sorted(seen) == [f"p{i}" for i in range(7)]
     assert all("managedFields" not in o["metadata"] for o in informer.snapshot().values())
+
+
+class UnservedTransport(ScriptedTransport):
+    """An apiserver without one CRD: its lists and watches answer 404 until served."""
+
+    def __init__(self, plural: str) -> None:
+        super().__init__([])
+        self.plural = plural
+        self.served = False
+
+    def _check(self, path: str) -> None:
+        if not self.served and path.rstrip("/").endswith(self.plural):
+            raise NotFound(f"the server could not find the requested resource ({path})", 404)
+
+    def request(self, method: str, path: str, **kw: Any) -> dict[str, Any]:
+        self._check(path)
+        return super().request(method, path, **kw)
+
+    def watch(self, path: str, query: Any, timeout: float) -> Iterator[dict[str, Any]]:
+        self._check(path)
+        self.watch_versions.append(str(query["resourceVersion"]))
+        yield from self.batches.pop(0) if self.batches else []
+
+
+def _cnp(name: str) -> dict[str, Any]:
+    kind = kinds.CLUSTERNETWORKPOLICY
+    return {"apiVersion": kind.api_version, "kind": kind.kind, "metadata": {"name": name}}
+
+
+def test_an_optional_kind_without_its_crd_is_synced_empty_and_found_once_installed() -> None:
+    transport = UnservedTransport(kinds.CLUSTERNETWORKPOLICY.plural)
+    ds = Datastore(transport)
+    events: list[tuple[str, str]] = []
+    handlers = Handlers(
+        on_add=lambda o: events.append(("add", o["metadata"]["name"])),
+        on_delete=lambda o: events.append(("delete", o["metadata"]["name"])),
+    )
+    informer = Informer(
+        ds, kinds.CLUSTERNETWORKPOLICY, handlers, optional=True, absent_retry_s=0.01
+    ).start()
+    try:
+        assert informer.wait_synced(2), "an unserved optional kind must count as synced"
+        assert informer.snapshot() == {} and not informer.served
+        transport.served = True  # the CRD is installed, with one object
+        ds.create_raw(kinds.CLUSTERNETWORKPOLICY, _cnp("deny-all"))
+        _wait(lambda: informer.served and "deny-all" in informer.snapshot())
+        transport.served = False  # the CRD is deleted: its objects go with it
+        _wait(lambda: not informer.served and informer.snapshot() == {})
+    finally:
+        informer.stop()
+    assert events == [("add", "deny-all"), ("delete", "deny-all")]
+
+
+def test_a_required_kind_that_is_not_served_never_counts_as_synced() -> None:
+    transport = UnservedTransport(kinds.IPPOOL.plural)
+    informer = Informer(
+        Datastore(transport), kinds.IPPOOL, backoff=Backoff(initial=0.01, cap=0.01)
+    ).start()
+    try:
+        assert not informer.wait_synced(0.3)
+        assert informer.stats.errors >= 2  # retried, with backoff
+    finally:
+        informer.stop()
+
+
+def _wait(condition: Any, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.01)
