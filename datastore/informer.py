@@ -8,10 +8,13 @@ against its cache, so callbacks see each real change exactly once: adds for new
 objects, updates for changed ones, deletes for ones that vanished meanwhile.
 
 An *optional* kind (a CRD a cluster may not have installed, such as
-ClusterNetworkPolicy) that the apiserver does not serve (404 on the list) counts as
-synced and empty: its objects, if any were cached, are deleted, and the list is tried
-again every ``absent_retry_s`` until the kind is served; then its objects are added as
-any list's are. A required kind's 404 is retried with backoff, like any error.
+ClusterNetworkPolicy) that a ready apiserver does not serve (404 on the list or watch,
+and ``/readyz`` answers) counts as synced and empty: its objects, if any were cached,
+are deleted, and the list is tried again every ``absent_retry_s`` until the kind is
+served; then its objects are added as any list's are. A 404 from an apiserver that is
+not ready (it serves custom resources only once its CRD informer has synced) is
+retried with backoff, as is a required kind's: reading a Deny policy's kind as empty
+for a moment would open what it denies.
 """
 
 from __future__ import annotations
@@ -165,7 +168,7 @@ class Informer:
                     self._list_and_reconcile()
                 self._watch_once()
             except NotFound as exc:
-                if not self.optional:
+                if not (self.optional and self._apiserver_ready()):
                     self._retry_after_error(exc)
                     continue
                 self._absent(exc)
@@ -186,6 +189,14 @@ class Informer:
         delay = self.backoff.next()
         log.warning("%s watch failed (%s); retrying in %.1fs", self.kind.plural, exc, delay)
         self._stop.wait(delay)
+
+    def _apiserver_ready(self) -> bool:
+        """Whether the apiserver says it is ready: then its 404 for a kind is the truth."""
+        try:
+            self.datastore.transport.request("GET", "/readyz", timeout=5)
+        except DatastoreError:
+            return False
+        return True
 
     def _absent(self, exc: NotFound) -> None:
         """The optional kind is not served: an empty, synced cache; relist later."""

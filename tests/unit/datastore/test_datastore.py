@@ -252,12 +252,17 @@ class UnservedTransport(ScriptedTransport):
         super().__init__([])
         self.plural = plural
         self.served = False
+        self.ready = True  # what /readyz says
 
     def _check(self, path: str) -> None:
         if not self.served and path.rstrip("/").endswith(self.plural):
             raise NotFound(f"the server could not find the requested resource ({path})", 404)
 
     def request(self, method: str, path: str, **kw: Any) -> dict[str, Any]:
+        if path == "/readyz":
+            if not self.ready:
+                raise Unavailable("[-]poststarthook/crd-informer-synced failed", 500)
+            return {}
         self._check(path)
         return super().request(method, path, **kw)
 
@@ -294,6 +299,31 @@ def test_an_optional_kind_without_its_crd_is_synced_empty_and_found_once_install
     finally:
         informer.stop()
     assert events == [("add", "deny-all"), ("delete", "deny-all")]
+
+
+def test_a_404_from_an_apiserver_not_yet_ready_is_retried_not_read_as_none() -> None:
+    """Just after its start the apiserver answers 404 for custom resources until its
+    CRD informer has synced: an optional kind's objects must not vanish meanwhile."""
+    transport = UnservedTransport(kinds.CLUSTERNETWORKPOLICY.plural)
+    transport.ready = False
+    ds = Datastore(transport)
+    transport.served = True
+    ds.create_raw(kinds.CLUSTERNETWORKPOLICY, _cnp("deny-all"))
+    transport.served = False  # the restarted apiserver's first answers
+    informer = Informer(
+        ds,
+        kinds.CLUSTERNETWORKPOLICY,
+        optional=True,
+        absent_retry_s=0.01,
+        backoff=Backoff(initial=0.01, cap=0.01),
+    ).start()
+    try:
+        assert not informer.wait_synced(0.3), "a 404 before /readyz must not count as none"
+        assert informer.stats.errors >= 2 and informer.served
+        transport.served = transport.ready = True
+        _wait(lambda: "deny-all" in informer.snapshot())
+    finally:
+        informer.stop()
 
 
 def test_a_required_kind_that_is_not_served_never_counts_as_synced() -> None:
