@@ -43,6 +43,7 @@ from datastore.incluster import choose_kubeconfig
 from datastore.informer import Handlers, Informer, object_key, without_managed_fields
 from datastore.models import IPPool
 from felix import logs
+from felix.bgp_guard import DEFAULT_POD_TO_NODE_BGP, node_addresses, parse_pod_to_node_bgp
 from felix.cni_server import (
     ANNOTATION_CONTAINER_ID,
     ANNOTATION_POD_IP,
@@ -117,6 +118,7 @@ class AgentConfig:
     iptables_backend: str = "auto"  # auto | nft | legacy | legacy-iptc
     endpoint_to_host: str = DEFAULT_ENDPOINT_TO_HOST_ACTION  # pods to their own node
     filter_allow: str = DEFAULT_FILTER_ALLOW_ACTION  # ACCEPT or RETURN what policy allows
+    pod_to_node_bgp: str = DEFAULT_POD_TO_NODE_BGP  # DROP: pods never reach a node's 179
 
     @property
     def bgp_status_file(self) -> Path:
@@ -327,6 +329,7 @@ class Agent:
                 self.config.iptables_backend,
                 self.config.endpoint_to_host,
                 self.config.filter_allow,
+                self.config.pod_to_node_bgp,
             )
             self.policy_sync = PolicySync(
                 self.policy.allow,
@@ -387,6 +390,7 @@ class Agent:
                 address_book=lambda: self.ipam_owners.book(self._objects("blocks")),
                 fetch_pod=self._fetch_pod,
                 pools=self._pool_nat,
+                hosts=lambda: node_addresses(self._objects("nodes")),
             )
             self.realization = RealizationReporter(
                 self.datastore,
@@ -768,6 +772,14 @@ def _filter_allow_action(value: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _pod_to_node_bgp(value: str) -> str:
+    """argparse type: a bad value is a usage error naming the choices."""
+    try:
+        return parse_pod_to_node_bgp(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def parse_args(argv: list[str] | None = None) -> AgentConfig:
     parser = argparse.ArgumentParser(prog="tabby-node", description=__doc__.split("\n")[0])
     parser.add_argument("--node-name", default=os.environ.get("NODENAME"), required=False)
@@ -816,6 +828,13 @@ def parse_args(argv: list[str] | None = None) -> AgentConfig:
         "at the bottom of FORWARD, after kube-proxy's rules) or Return (the kernel "
         "chains' later rules and policy decide); $TABBY_IPTABLES_FILTER_ALLOW_ACTION",
     )
+    parser.add_argument(
+        "--pod-to-node-bgp",
+        default=os.environ.get("TABBY_POD_TO_NODE_BGP", DEFAULT_POD_TO_NODE_BGP),
+        type=_pod_to_node_bgp,
+        help="Drop (default): pods never reach port 179 of any node, dropped at their "
+        "own node; Allow: policy decides, as for any port; $TABBY_POD_TO_NODE_BGP",
+    )
     opts = parser.parse_args(argv)
     if os.environ.get("TABBY_POLICY", "on") not in ("on", "off"):
         parser.error(f"$TABBY_POLICY must be on or off, got {os.environ['TABBY_POLICY']!r}")
@@ -839,6 +858,7 @@ def parse_args(argv: list[str] | None = None) -> AgentConfig:
         iptables_backend=opts.iptables_backend,
         endpoint_to_host=opts.endpoint_to_host,
         filter_allow=opts.filter_allow_action,
+        pod_to_node_bgp=opts.pod_to_node_bgp,
     )
 
 

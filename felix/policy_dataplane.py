@@ -6,6 +6,8 @@ and applies everything through the dataplane tables:
 
     FORWARD (top, inserted) -> cali-FORWARD:
         clear Tabby's accept mark
+        -i cali+ TCP to port 179 of any node address (set cali40all-hosts) -> DROP
+            (`felix.bgp_guard`; off with pod_to_node_bgp=Allow)
         -i cali+ -> cali-from-wl-dispatch: -i cali<c>+ -g cali-from-wl-dispatch-<c>
                        (a leaf per character c: -i <iface> -g cali-fw-<iface> ... DROP)
         -o cali+ -> cali-to-wl-dispatch:   the same with -o and cali-tw-<iface>
@@ -26,7 +28,8 @@ iptables filter chain, so neither setting hides its REJECT.
             clear the accept mark
             -> cali-from-wl-dispatch (the pod's egress policy; replies to the node's own
                connections are accepted there by conntrack, after anti-spoofing)
-            the node's BGP port (179) is dropped, whatever the action
+            the node's BGP port (179) is dropped, whatever the action (unless
+            pod_to_node_bgp=Allow)
             with DROP, a connection a Service DNAT'ed to this node (a hostNetwork
             endpoint) is allowed
             the configured endpoint-to-host action: DROP (default), ACCEPT, or RETURN
@@ -56,7 +59,14 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from bgp.config import DEFAULT_PORT as BGP_PORT
+from felix.bgp_guard import (
+    ALL_HOSTS_SET,
+    BGP_PORT,
+    DEFAULT_POD_TO_NODE_BGP,
+    OTHER_NODES_COMMENT,
+    PodToNodeBGP,
+    parse_pod_to_node_bgp,
+)
 from felix.calc.messages import ChainRemove, ChainUpdate, IPSetRemove, IPSetUpdate, Message
 from felix.constants import HOST_IFACE_PREFIX
 from felix.dataplane import apply_in_order
@@ -174,7 +184,9 @@ def _in_tree(iface: str) -> bool:
 
 
 def _wl_to_host(
-    action: EndpointToHostAction, allow: FilterAllowAction = DEFAULT_FILTER_ALLOW_ACTION
+    action: EndpointToHostAction,
+    allow: FilterAllowAction = DEFAULT_FILTER_ALLOW_ACTION,
+    bgp: PodToNodeBGP = DEFAULT_POD_TO_NODE_BGP,
 ) -> tuple[Rule, ...]:
     """A pod's traffic to its own node: egress policy first, then the configured action.
 
@@ -185,7 +197,8 @@ def _wl_to_host(
     allow action those replies come back here unmarked: they return to INPUT.
 
     Whatever the action, a pod never reaches the node's BGP port: Tabby's own listener
-    (its health and metrics server listens on loopback only, out of a pod's reach).
+    (its health and metrics server listens on loopback only, out of a pod's reach),
+    unless the operator set pod_to_node_bgp=Allow (`felix.bgp_guard`).
 
     DROP spares one thing: a connection a Service DNAT'ed to this node (conntrack state
     DNAT: kube-proxy chose a hostNetwork endpoint, such as the apiserver behind
@@ -200,8 +213,9 @@ def _wl_to_host(
     ]
     if allow == "RETURN":
         rules.append(("-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED", "-j", "RETURN"))
-    rules.append(("-p", "tcp", "--dport", str(BGP_PORT), "-m", "comment", "--comment",
-                  BGP_PORT_COMMENT, "-j", "DROP"))  # fmt: skip
+    if bgp == "DROP":
+        rules.append(("-p", "tcp", "--dport", str(BGP_PORT), "-m", "comment", "--comment",
+                      BGP_PORT_COMMENT, "-j", "DROP"))  # fmt: skip
     if action == "DROP":
         service = ("-m", "comment", "--comment", SERVICE_TO_HOST_COMMENT)
         rules.append(("-m", "mark", "--mark", MARK, "-m", "conntrack", "--ctstate", "DNAT",
@@ -251,41 +265,59 @@ def render(
     endpoint_to_host: EndpointToHostAction,
     allow: FilterAllowAction = DEFAULT_FILTER_ALLOW_ACTION,
     convert: Callable[[Mapping[str, PolicyChain]], dict[str, tuple[Rule, ...]]] = _convert,
+    guard: BGPGuard | None = None,
 ) -> FilterState:
     """The whole filter-table picture for this node (pure).
 
     ``state`` must have been compiled with the same ``allow`` action.
     """
-    fixed = fixed_state(local_ifaces, endpoint_to_host, allow)
+    fixed = fixed_state(local_ifaces, endpoint_to_host, allow, guard)
     chains = convert(state.chains)
     chains.update(fixed.chains)
     ipsets = {
         name: (spec.set_type, state.members.get(name, frozenset()))
         for name, spec in state.ipsets.items()
     }
+    ipsets.update(fixed.ipsets)
     return FilterState(chains, fixed.hooks, ipsets, fixed.appended)
+
+
+@dataclass(frozen=True)
+class BGPGuard:
+    """Whether pods are kept from nodes' BGP port, and every node address (`felix.bgp_guard`)."""
+
+    mode: PodToNodeBGP = DEFAULT_POD_TO_NODE_BGP
+    hosts: frozenset[str] = frozenset()
 
 
 def fixed_state(
     local_ifaces: Iterable[str],
     endpoint_to_host: EndpointToHostAction,
     allow: FilterAllowAction = DEFAULT_FILTER_ALLOW_ACTION,
+    guard: BGPGuard | None = None,
 ) -> FilterState:
     """The part of the filter table no policy decides: the dispatch trees over this
-    node's endpoints, cali-FORWARD, cali-INPUT, cali-wl-to-host and the hooks (pure)."""
+    node's endpoints, cali-FORWARD, cali-INPUT, cali-wl-to-host, the BGP guard's set
+    and the hooks (pure)."""
+    guard = guard or BGPGuard()
     ifaces = sorted(local_ifaces)
     chains = dict(dispatch_tree(ifaces, "-i", "cali-fw-", FROM_DISPATCH))
     chains.update(dispatch_tree(ifaces, "-o", "cali-tw-", TO_DISPATCH))
-    chains[FORWARD] = _rules(
-        ("-j", "MARK", "--set-xmark", f"0x0/{ACCEPT_MARK:#x}"),
-        ("-i", "cali+", "-j", FROM_DISPATCH),
-        ("-o", "cali+", "-j", TO_DISPATCH),
-    )
+    forward: list[tuple[str, ...]] = [("-j", "MARK", "--set-xmark", f"0x0/{ACCEPT_MARK:#x}")]
+    ipsets: dict[str, tuple[str, frozenset[str]]] = {}
+    if guard.mode == "DROP":
+        to_nodes = ("-m", "set", "--match-set", ALL_HOSTS_SET, "dst")
+        comment = ("-m", "comment", "--comment", OTHER_NODES_COMMENT)
+        bgp = ("-p", "tcp", "--dport", str(BGP_PORT))
+        forward.append(("-i", "cali+", *bgp, *to_nodes, *comment, "-j", "DROP"))
+        ipsets[ALL_HOSTS_SET] = ("hash:ip", guard.hosts)
+    forward += [("-i", "cali+", "-j", FROM_DISPATCH), ("-o", "cali+", "-j", TO_DISPATCH)]
+    chains[FORWARD] = _rules(*forward)
     # goto, so that RETURN from cali-wl-to-host continues in the kernel's INPUT chain
     chains[INPUT] = _rules(("-i", "cali+", "-g", WL_TO_HOST))
-    chains[WL_TO_HOST] = _wl_to_host(endpoint_to_host, allow)
+    chains[WL_TO_HOST] = _wl_to_host(endpoint_to_host, allow, guard.mode)
     hooks = {"FORWARD": _rules(("-j", FORWARD)), "INPUT": _rules(("-j", INPUT))}
-    return FilterState(chains, hooks, {}, _forward_appended(allow))
+    return FilterState(chains, hooks, ipsets, _forward_appended(allow))
 
 
 def _forward_appended(allow: FilterAllowAction) -> dict[str, tuple[Rule, ...]]:
@@ -309,9 +341,11 @@ class PolicyDataplane:
         backend: str = "auto",
         endpoint_to_host: str = DEFAULT_ENDPOINT_TO_HOST_ACTION,
         allow: str = DEFAULT_FILTER_ALLOW_ACTION,
+        pod_to_node_bgp: str = DEFAULT_POD_TO_NODE_BGP,
     ) -> None:
         self.endpoint_to_host = parse_endpoint_to_host_action(endpoint_to_host)
         self.allow = parse_filter_allow_action(allow)
+        self.pod_to_node_bgp = parse_pod_to_node_bgp(pod_to_node_bgp)
         self.backend = detect_backend(runner, backend)
         self.filter = Table("filter", runner, self.backend)
         self.nat = Table("nat", runner, self.backend)
@@ -328,11 +362,12 @@ class PolicyDataplane:
         local: Mapping[str, PolicyPod],
         *,
         pools: Iterable[PoolNat] = (),
+        hosts: Iterable[str] = (),
         resync: bool = False,
     ) -> FilterState:
         """Compute from scratch and write; `resync` re-reads the kernel first to repair drift."""
         desired = desired_state(policies, pods, namespaces, local, allow=self.allow)
-        return self.apply_state(desired, local, pools=pools, resync=resync)
+        return self.apply_state(desired, local, pools=pools, hosts=hosts, resync=resync)
 
     def apply_state(
         self,
@@ -340,11 +375,20 @@ class PolicyDataplane:
         local_ifaces: Iterable[str],
         *,
         pools: Iterable[PoolNat] = (),
+        hosts: Iterable[str] = (),
         resync: bool = False,
     ) -> FilterState:
         """Write a computed state (the agent's :class:`felix.calc.PolicyCalculator`'s):
-        only what differs from the last write reaches the kernel."""
-        state = render(desired, local_ifaces, self.endpoint_to_host, self.allow, self._chain_rules)
+        only what differs from the last write reaches the kernel. ``hosts``: every node
+        address (:func:`felix.bgp_guard.node_addresses`)."""
+        state = render(
+            desired,
+            local_ifaces,
+            self.endpoint_to_host,
+            self.allow,
+            self._chain_rules,
+            self._guard(hosts),
+        )
         nat = nat_state(pools)
         if resync:
             self.filter.invalidate()
@@ -365,6 +409,7 @@ class PolicyDataplane:
         local_ifaces: Iterable[str],
         *,
         pools: Iterable[PoolNat] = (),
+        hosts: Iterable[str] = (),
     ) -> None:
         """Write what the calculation says changed (:mod:`felix.calc.messages`), the
         dispatch trees over ``local_ifaces`` and the NAT state; nothing else is read or
@@ -381,7 +426,9 @@ class PolicyDataplane:
                     self.ipsets.set_members(spec.name, spec.set_type, members)
                 case IPSetRemove(name):
                     self.ipsets.remove(name)
-        fixed = fixed_state(local_ifaces, self.endpoint_to_host, self.allow)
+        fixed = fixed_state(local_ifaces, self.endpoint_to_host, self.allow, self._guard(hosts))
+        for name, (set_type, members) in fixed.ipsets.items():
+            self.ipsets.set_members(name, set_type, members)
         for name in self._fixed - fixed.chains.keys():
             self.filter.remove_chain(name)
         for name, rules in fixed.chains.items():
@@ -394,6 +441,9 @@ class PolicyDataplane:
         self._set_nat(nat)
         result = apply_in_order(self.ipsets, [self.filter, self.nat])
         self.last_bytes = result.bytes_written
+
+    def _guard(self, hosts: Iterable[str]) -> BGPGuard:
+        return BGPGuard(self.pod_to_node_bgp, frozenset(hosts))
 
     def _set_hooks(self, state: FilterState) -> None:
         for kernel_chain, rules in state.hooks.items():

@@ -25,6 +25,7 @@ class PolicySources:
     address_book: Callable[[], AddressBook]  # who IPAM says holds each address
     fetch_pod: Callable[[str, str], dict[str, Any] | None]  # a Pod the cache lacks yet
     pools: Callable[[], Iterable[PoolNat]]  # natOutgoing of each pool
+    hosts: Callable[[], Iterable[str]] = tuple  # every node address: the BGP guard's set
 
 
 class PolicyManager:
@@ -66,10 +67,14 @@ class PolicyManager:
         """Write the typed messages between the last state written and this one."""
         desired, local = self._compute(afresh=False)
         if self._written is None:
-            self.dataplane.apply_state(desired, local, pools=self.sources.pools())
+            self.dataplane.apply_state(
+                desired, local, pools=self.sources.pools(), hosts=self.sources.hosts()
+            )
         else:
             messages = changes(self._written, desired)
-            self.dataplane.apply_changes(messages, local, pools=self.sources.pools())
+            self.dataplane.apply_changes(
+                messages, local, pools=self.sources.pools(), hosts=self.sources.hosts()
+            )
         self._written = desired
         self._programmed()
 
@@ -77,7 +82,9 @@ class PolicyManager:
         """Recompute from the whole caches and write the whole state, the kernel re-read."""
         self._written = None  # until the whole state is written, no message is relative
         desired, local = self._compute(afresh=True)
-        self.dataplane.apply_state(desired, local, pools=self.sources.pools(), resync=True)
+        self.dataplane.apply_state(
+            desired, local, pools=self.sources.pools(), hosts=self.sources.hosts(), resync=True
+        )
         self._written = desired
         self._programmed()
 

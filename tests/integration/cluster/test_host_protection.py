@@ -7,6 +7,10 @@ default endpoint-to-host action (Drop, as Calico's DefaultEndpointToHostAction)
 refuses that, while the BGP sessions between the nodes stay up, routes keep carrying
 pod traffic across nodes and the node's own connections to its pods (health checks)
 work. With the action set to Accept the pod reaches the host port again.
+
+Issue 40: a pod's connect to another node's 179 completed the handshake with that
+node's ExaBGP. Now the pod's own node drops TCP to port 179 of every node address
+(`felix.bgp_guard`) unless the operator sets TABBY_POD_TO_NODE_BGP=Allow.
 """
 
 from __future__ import annotations
@@ -97,6 +101,7 @@ class _Lab:
         self.a: PodInfo = cluster.create_pod("x", "a", "node1", {"pod": "a"})
         self.b: PodInfo = cluster.create_pod("x", "b", "node2", {"pod": "b"})
         self.node1 = cluster.node("node1")
+        self.node2 = cluster.node("node2")
         self.procs = [
             _listen(self.node1.netns, "0.0.0.0", HOST_PORT),
             _listen(self.a.netns, self.a.ip, POD_PORT),
@@ -104,6 +109,10 @@ class _Lab:
 
     def pod_reaches_node(self, port: int) -> bool:
         return _connects(self.a.netns, self.node1.ip, port)
+
+    def pod_reaches_other_nodes_bgp(self) -> bool:
+        """Pod a (node1) to node2's ExaBGP, which listens on node2's address."""
+        return _connects(self.a.netns, self.node2.ip, 179)
 
     def close(self) -> None:
         for proc in self.procs:
@@ -132,18 +141,28 @@ def _up(tmp_path: Path) -> Iterator[_Lab]:
 @pytest.fixture
 def default_lab(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[_Lab]:
     monkeypatch.delenv("TABBY_DEFAULT_ENDPOINT_TO_HOST_ACTION", raising=False)
+    monkeypatch.delenv("TABBY_POD_TO_NODE_BGP", raising=False)
     yield from _up(tmp_path)
 
 
 @pytest.fixture
 def accept_lab(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[_Lab]:
     monkeypatch.setenv("TABBY_DEFAULT_ENDPOINT_TO_HOST_ACTION", "Accept")
+    monkeypatch.delenv("TABBY_POD_TO_NODE_BGP", raising=False)
+    yield from _up(tmp_path)
+
+
+@pytest.fixture
+def bgp_allowed_lab(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[_Lab]:
+    monkeypatch.setenv("TABBY_DEFAULT_ENDPOINT_TO_HOST_ACTION", "Accept")
+    monkeypatch.setenv("TABBY_POD_TO_NODE_BGP", "Allow")
     yield from _up(tmp_path)
 
 
 def test_pod_cannot_reach_its_nodes_bgp_port_or_host_ports(default_lab: _Lab) -> None:
     lab, cluster = default_lab, default_lab.cluster
     assert not lab.pod_reaches_node(179), "pod reached its node's BGP port"
+    assert not lab.pod_reaches_other_nodes_bgp(), "pod reached another node's BGP port"
     assert not lab.pod_reaches_node(HOST_PORT), "pod reached a host port of its node"
     # node to node BGP is untouched, and routes still carry pod traffic both ways
     assert _bgp_up(cluster)
@@ -162,7 +181,18 @@ def test_with_accept_the_pod_reaches_the_host_port_but_never_bgp(accept_lab: _La
     node answer pods; Tabby's own BGP listener still does not."""
     assert accept_lab.pod_reaches_node(HOST_PORT)
     assert not accept_lab.pod_reaches_node(179), "pod reached its node's BGP port"
+    assert not accept_lab.pod_reaches_other_nodes_bgp(), "pod reached another node's BGP port"
     assert _bgp_up(accept_lab.cluster)
+
+
+def test_with_pod_to_node_bgp_allowed_pods_reach_every_nodes_bgp_port(
+    bgp_allowed_lab: _Lab,
+) -> None:
+    """The operator's switch (TABBY_POD_TO_NODE_BGP=Allow): no rule stands in the way, so
+    the endpoint-to-host action (Accept here) and policy decide, as for any port."""
+    assert bgp_allowed_lab.pod_reaches_node(179)
+    assert bgp_allowed_lab.pod_reaches_other_nodes_bgp()
+    assert _bgp_up(bgp_allowed_lab.cluster)
 
 
 def _send_udp(netns: str, source: str, address: str) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -128,17 +128,27 @@ def _patch(
     return "" if result.returncode == 0 else result.stderr
 
 
-def _enforced(kubectl: Kubectl, seconds: float) -> bool:
-    """Whether tabby-node's label patch is refused within *seconds* (the policy in force)."""
+Probe = Callable[[], str]  # a server-side dry run a policy in force refuses ('' = allowed)
+
+
+def _enforced(probe: Probe, seconds: float) -> bool:
+    """Whether *probe* is refused within *seconds* (its policy in force)."""
     deadline = time.monotonic() + seconds
-    probe = {"metadata": {"labels": {"tabby-rbac-probe": str(time.monotonic_ns())}}}
-    # A server-side dry run: before the policy is in force the probe label gets
-    # through, and a stored one would fail the label checks below (CI, stop 27).
-    while _patch(kubectl, [NODE_USER], POD, probe, dry_run=True) == "":
+    while probe() == "":
         if time.monotonic() > deadline:
             return False
         time.sleep(0.2)
     return True
+
+
+def _node_label_probe(kubectl: Kubectl) -> Probe:
+    """tabby-node labelling the pod: refused once tabby-node-annotations-only is in force.
+
+    A server-side dry run: before the policy is in force the probe label gets through,
+    and a stored one would fail the label checks below (CI, stop 27).
+    """
+    probe = {"metadata": {"labels": {"tabby-rbac-probe": str(time.monotonic_ns())}}}
+    return lambda: _patch(kubectl, [NODE_USER], POD, probe, dry_run=True)
 
 
 def _policy_diagnostics(kubectl: Kubectl, control_plane: ControlPlane) -> str:
@@ -152,8 +162,10 @@ def _policy_diagnostics(kubectl: Kubectl, control_plane: ControlPlane) -> str:
     return "\n".join([stored.stdout + stored.stderr, *policy_lines])
 
 
-def _until_enforced(kubectl: Kubectl, control_plane: ControlPlane) -> None:
-    """Wait until the apiserver enforces tabby-node-annotations-only.
+def _until_enforced(
+    kubectl: Kubectl, control_plane: ControlPlane, policy: str, probe: Probe
+) -> None:
+    """Wait until the apiserver enforces the admission policy *policy*.
 
     It does so once its policy informer has the objects: 0.05-1 s here, with the
     apiserver restarted and etcd compacted in between. Two CI runs on a loaded 2-core
@@ -163,20 +175,20 @@ def _until_enforced(kubectl: Kubectl, control_plane: ControlPlane) -> None:
     30 s more the apiserver is restarted (fresh informers). Each step is reported as a
     warning; the policy's verdicts are then tested exactly as before.
     """
-    if _enforced(kubectl, 30):
+    if _enforced(probe, 30):
         return
     first = _policy_diagnostics(kubectl, control_plane)
-    warnings.warn(f"admission policy not in force after 30 s; touching it:\n{first}", stacklevel=2)
+    warnings.warn(f"{policy} not in force after 30 s; touching it:\n{first}", stacklevel=2)
     touch = ["annotate", "--overwrite", f"tabby-rbac-touch={time.monotonic_ns()}"]
     for kind in ("validatingadmissionpolicy", "validatingadmissionpolicybinding"):
-        kubectl.ok(*touch[:1], kind, "tabby-node-annotations-only", *touch[1:])
-    if _enforced(kubectl, 30):
+        kubectl.ok(*touch[:1], kind, policy, *touch[1:])
+    if _enforced(probe, 30):
         return
-    warnings.warn("admission policy still not in force: restarting kube-apiserver", stacklevel=2)
+    warnings.warn(f"{policy} still not in force: restarting kube-apiserver", stacklevel=2)
     control_plane.stop_apiserver()
     control_plane.start_apiserver()
-    assert _enforced(kubectl, 60), (
-        "tabby-node-annotations-only never took effect (touched, then apiserver restarted):\n"
+    assert _enforced(probe, 60), (
+        f"{policy} never took effect (touched, then apiserver restarted):\n"
         f"{first}\n--- after ---\n{_policy_diagnostics(kubectl, control_plane)}"
     )
 
@@ -199,7 +211,9 @@ def objects(kubectl: Kubectl, control_plane: ControlPlane) -> Iterator[None]:
     for obj in (pod, *nodes):
         kubectl.ok("create", "-f", "-", stdin=json.dumps(obj))
     try:
-        _until_enforced(kubectl, control_plane)
+        _until_enforced(
+            kubectl, control_plane, "tabby-node-annotations-only", _node_label_probe(kubectl)
+        )
         yield
     finally:
         kubectl.run("delete", "pod", "annotated", "-n", "default", "--grace-period=0", "--force")
@@ -270,3 +284,182 @@ def test_the_agents_own_patches_pass(
         ds.patch_raw(kinds.POD, "annotated", {"metadata": {"labels": {"app": "db"}}}, "default")
     annotations = kubectl.get(*POD)["metadata"]["annotations"]
     assert annotations == {"owner": "team-a", ANNOTATION_CONTAINER_ID: "c0ffee"}
+
+
+# -- issue 40: tabby-controllers writes only realization; a node only its own report ------
+
+CONTROLLERS_USER = f"--as=system:serviceaccount:{NAMESPACE}:tabby-controllers"
+REALIZED = "policy.tabby.dev/realized"
+POLICY = ["networkpolicy", "deny-all", "-n", "default"]
+CLUSTER_POLICY = "tabby-rbac-admin-deny"
+
+
+def _cluster_policy() -> dict[str, Any]:
+    return {
+        "apiVersion": kinds.CLUSTERNETWORKPOLICY.api_version,
+        "kind": "ClusterNetworkPolicy",
+        "metadata": {"name": CLUSTER_POLICY},
+        "spec": {
+            "tier": "Admin",
+            "priority": 10,
+            "subject": {"namespaces": {}},
+            "ingress": [{"action": "Deny", "from": [{"namespaces": {}}]}],
+        },
+    }
+
+
+def _condition(kind: str, status: str = "True") -> dict[str, Any]:
+    return {
+        "type": kind,
+        "status": status,
+        "reason": "Probe",
+        "message": f"{kind} by the test",
+        "lastTransitionTime": "2026-12-07T00:00:00Z",
+    }
+
+
+def _put_status(kubectl: Kubectl, who: list[str], conditions: list[dict[str, Any]]) -> str:
+    """Replace the cluster policy's status conditions as *who*: '' or the refusal."""
+    current = kubectl.get("clusternetworkpolicy", CLUSTER_POLICY)
+    current["status"] = {"conditions": conditions}
+    result = kubectl.run(
+        *who, "replace", "--subresource=status", "-f", "-", stdin=json.dumps(current)
+    )
+    return "" if result.returncode == 0 else result.stderr
+
+
+@pytest.fixture
+def policies(kubectl: Kubectl, control_plane: ControlPlane) -> Iterator[None]:
+    """A deny-all NetworkPolicy and an Admin ClusterNetworkPolicy with another
+    implementation's condition, created by the admin."""
+    deny_all = {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {
+            "name": "deny-all",
+            "namespace": "default",
+            "labels": {"team": "a"},
+            "annotations": {"owner": "team-a"},
+        },
+        "spec": {"podSelector": {}, "policyTypes": ["Ingress"]},
+    }
+    for obj in (deny_all, _cluster_policy()):
+        kubectl.ok("create", "-f", "-", stdin=json.dumps(obj))
+    try:
+        assert _put_status(kubectl, [], [_condition("Accepted")]) == ""
+        opened = {"spec": {"ingress": [{}]}}
+        _until_enforced(
+            kubectl,
+            control_plane,
+            "tabby-controllers-realization-only",
+            lambda: _patch(kubectl, [CONTROLLERS_USER], POLICY, opened, dry_run=True),
+        )
+        yield
+    finally:
+        kubectl.run("delete", *POLICY, "--ignore-not-found")
+        kubectl.run("delete", "clusternetworkpolicy", CLUSTER_POLICY, "--ignore-not-found")
+
+
+@pytest.mark.usefixtures("policies")
+def test_controllers_may_change_only_the_realized_label_and_annotation(
+    kubectl: Kubectl,
+) -> None:
+    """Issue 40 probe 1: the controllers' patch verb opened a deny-all policy before."""
+    who = [CONTROLLERS_USER]
+    refused = "may change only the policy.tabby.dev/realized label and"
+    for patch, why in (
+        ({"spec": {"ingress": [{}]}}, "may not change a NetworkPolicy's spec"),
+        ({"spec": {"podSelector": {"matchLabels": {"x": "y"}}}}, "spec"),
+        ({"metadata": {"labels": {"team": "b"}}}, refused),
+        ({"metadata": {"labels": {"team": None}}}, refused),
+        ({"metadata": {"annotations": {"owner": "me"}}}, refused),
+        ({"metadata": {"finalizers": ["x.dev/hold"]}}, "finalizers"),
+    ):
+        assert why in _patch(kubectl, who, POLICY, patch), patch
+    # The patch the controller sends (controllers/policy_status.py _mark) passes.
+    mark = {"metadata": {"labels": {REALIZED: "3-of-3"}, "annotations": {REALIZED: "3 nodes"}}}
+    assert _patch(kubectl, who, POLICY, mark) == ""
+    stored = kubectl.get(*POLICY)
+    assert stored["spec"] == {"podSelector": {}, "policyTypes": ["Ingress"]}
+    assert stored["metadata"]["labels"] == {"team": "a", REALIZED: "3-of-3"}
+    assert stored["metadata"]["annotations"]["owner"] == "team-a"
+    # Creating or deleting one: RBAC refuses before admission.
+    assert "forbidden" in kubectl.run(CONTROLLERS_USER, "delete", *POLICY).stderr
+    # The admin is not held to this policy.
+    assert _patch(kubectl, [], POLICY, {"spec": {"ingress": [{}]}}) == ""
+
+
+@pytest.mark.usefixtures("policies")
+def test_controllers_may_write_only_the_realized_condition(kubectl: Kubectl) -> None:
+    who = [CONTROLLERS_USER]
+    accepted = _condition("Accepted")
+    assert _put_status(kubectl, who, [accepted, _condition("Realized")]) == ""
+    for conditions in (
+        [_condition("Realized")],  # another implementation's condition dropped
+        [_condition("Accepted", "False"), _condition("Realized")],  # or changed
+        [accepted, _condition("Realized"), _condition("Programmed")],  # or one added
+    ):
+        assert "may change only the Realized condition" in _put_status(kubectl, who, conditions)
+    stored = kubectl.get("clusternetworkpolicy", CLUSTER_POLICY)
+    assert [c["type"] for c in stored["status"]["conditions"]] == ["Accepted", "Realized"]
+    # The main resource: RBAC gives no write at all.
+    patched = _patch(kubectl, who, ["clusternetworkpolicy", CLUSTER_POLICY], {"spec": {}})
+    assert "forbidden" in patched
+
+
+NODE_STATUS = "nodepolicystatus"
+
+
+def _node_status(node: str) -> dict[str, Any]:
+    return {
+        "apiVersion": kinds.NODEPOLICYSTATUS.api_version,
+        "kind": kinds.NODEPOLICYSTATUS.kind,
+        "metadata": {"name": node},
+        "status": {"programmed": {}, "applied": [], "updatedAt": "2026-12-07T00:00:00Z"},
+    }
+
+
+def _as_node(kubectl: Kubectl, node: str, *args: str, stdin: str | None = None) -> str:
+    """kubectl as tabby-node with node's pod-bound token identity: '' or the refusal."""
+    result = kubectl.run(NODE_USER, NODE_NAME_EXTRA + node, *args, stdin=stdin)
+    return "" if result.returncode == 0 else result.stderr
+
+
+@pytest.fixture
+def node_reports(kubectl: Kubectl, control_plane: ControlPlane) -> Iterator[None]:
+    own, other = NODES
+    try:
+        _until_enforced(
+            kubectl,
+            control_plane,
+            "tabby-node-own-policy-status",
+            lambda: _as_node(
+                kubectl, own, "create", "--dry-run=server", "-f", "-",
+                stdin=json.dumps(_node_status(other)),
+            ),
+        )  # fmt: skip
+        yield
+    finally:
+        kubectl.run("delete", NODE_STATUS, *NODES, "--ignore-not-found")
+
+
+@pytest.mark.usefixtures("node_reports")
+def test_node_account_may_write_only_its_own_node_policy_status(kubectl: Kubectl) -> None:
+    """Issue 40 probe 2: node1's token replaced node2's report before."""
+    own, other = NODES
+    refused = f"tabby-node on {own} may write only its own NodePolicyStatus ({own}), not {other}"
+    assert _as_node(kubectl, own, "create", "-f", "-", stdin=json.dumps(_node_status(own))) == ""
+    create_other = json.dumps(_node_status(other))
+    assert refused in _as_node(kubectl, own, "create", "-f", "-", stdin=create_other)
+    kubectl.ok("create", "-f", "-", stdin=create_other)  # the other node's agent, say
+    for name in (own, other):
+        stored = kubectl.get(NODE_STATUS, name)
+        stored["status"]["programmed"] = {
+            "networkpolicy/default/deny-all": "1:0f0f0f0f-0000-4000-8000-00000000abcd"
+        }
+        verdict = _as_node(kubectl, own, "replace", "-f", "-", stdin=json.dumps(stored))
+        assert verdict == "" if name == own else refused in verdict, (name, verdict)
+    assert kubectl.get(NODE_STATUS, other)["status"]["programmed"] == {}
+    assert kubectl.get(NODE_STATUS, own)["status"]["programmed"] != {}
+    # Deleting is not the agent's: RBAC refuses any report, its own included.
+    assert "forbidden" in _as_node(kubectl, own, "delete", NODE_STATUS, own)

@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+import subprocess
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from subprocess import CompletedProcess
 
 import pytest
+import yaml
 
 from lab.kubecluster import KubeCluster, KubeSpec
 
@@ -63,3 +66,33 @@ def service_answers(cluster: KubeCluster, client: str, address: str, tries: int 
         if got.returncode == 0:
             seen.add(got.stdout.strip())
     return seen
+
+
+Kubectl = Callable[..., CompletedProcess[str]]
+
+
+def as_token(cluster: KubeCluster, token: str, workdir: Path) -> Kubectl:
+    """kubectl as the holder of *token* alone (no client certificate beside it, which the
+    apiserver would authenticate first): what a thief of a ServiceAccount token runs."""
+    admin = yaml.safe_load(cluster.kubeconfig.read_text())
+    server = admin["clusters"][0]["cluster"]
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "lab", "cluster": server}],
+        "users": [{"name": "thief", "user": {"token": token}}],
+        "contexts": [{"name": "lab", "context": {"cluster": "lab", "user": "thief"}}],
+        "current-context": "lab",
+    }
+    path = workdir / f"kubeconfig-{len(list(workdir.glob('kubeconfig-*')))}"
+    path.write_text(yaml.safe_dump(config))
+    path.chmod(0o600)
+    binary = cluster.kubectl_argv()[0]
+
+    def kubectl(*args: str, stdin: str | None = None) -> CompletedProcess[str]:
+        argv = [binary, f"--kubeconfig={path}", *args]
+        return subprocess.run(
+            argv, input=stdin, capture_output=True, text=True, timeout=60, check=False
+        )
+
+    return kubectl

@@ -11,13 +11,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from lab.kubecluster import AGNHOST_IMAGE, KubeCluster
 from tests.helpers import settles
-from tests.integration.nodes.conftest import service_answers, web_service
+from tests.integration.nodes.conftest import as_token, service_answers, web_service
 from tests.soak import policies as soak_policies
 from tests.soak.targets import NodesTarget
 from tests.truthtable.harness import TruthLab
@@ -288,3 +289,87 @@ def test_the_soaks_faults_on_real_nodes_kill_and_restart_what_they_name(
         assert addresses[f"pod {key}"] == kube_cluster.pods[key].ip
     target.delete_pods("soak-seam", ["a", "b"])
     assert not keys & set(target.live_sandboxes().values())
+
+
+# -- issue 40: what a thief of one of Tabby's tokens can do on a cluster --------------
+
+
+def _refused_within(probe: Any, seconds: float = 60) -> bool:
+    """Whether a server-side dry run is refused within *seconds*: admission policies
+    take effect once the apiserver's policy informer has them (under 1 s here; CI once
+    saw more than 30 s on the session apiserver)."""
+    return settles(lambda: probe().returncode != 0, timeout=seconds, interval=0.5)
+
+
+def test_a_stolen_controllers_token_cannot_open_a_networkpolicy(
+    kube_cluster: KubeCluster, tmp_path: Path
+) -> None:
+    """Issue 40 probe 1, as the issue ran it: with a token of tabby-controllers, a merge
+    patch of a deny-all policy's spec answered `patched` and the policy allowed all.
+    Now tabby-controllers-realization-only refuses it; the realized label still passes."""
+    kube_cluster.create_namespace("thief")
+    kube_cluster.apply_policy(
+        {
+            "metadata": {"name": "deny-all", "namespace": "thief"},
+            "spec": {"podSelector": {}, "policyTypes": ["Ingress"]},
+        }
+    )
+    try:
+        token = kube_cluster.kubectl(
+            "-n", "kube-system", "create", "token", "tabby-controllers"
+        ).strip()  # fmt: skip
+        kubectl = as_token(kube_cluster, token, tmp_path)
+        target = ["-n", "thief", "patch", "networkpolicy", "deny-all", "--type", "merge", "-p"]
+        opened = json.dumps({"spec": {"ingress": [{}]}})
+        assert _refused_within(lambda: kubectl(*target, opened, "--dry-run=server"))
+        got = kubectl(*target, opened)
+        assert got.returncode != 0, f"the controllers' token opened deny-all: {got.stdout}"
+        assert "tabby-controllers may not change a NetworkPolicy's spec" in got.stderr
+        mark = {"metadata": {"labels": {"policy.tabby.dev/realized": "probe"}}}
+        got = kubectl(*target, json.dumps(mark))
+        assert got.returncode == 0, got.stderr
+        stored = _json(kube_cluster, "-n", "thief", "get", "networkpolicy", "deny-all")
+        assert "ingress" not in stored["spec"], stored["spec"]
+    finally:
+        kube_cluster.kubectl("delete", "namespace", "thief", "--wait=false", check=False)
+
+
+def test_a_nodes_pod_bound_token_writes_only_its_own_policy_status(
+    kube_cluster: KubeCluster, tmp_path: Path
+) -> None:
+    """Issue 40 probe 2: a token bound to node1's tabby-node pod replaced node2's
+    NodePolicyStatus. Now tabby-node-own-policy-status refuses that; its own passes."""
+    own, other = kube_cluster.nodes[0].name, kube_cluster.nodes[1].name
+    [agent] = _json(
+        kube_cluster, "-n", "kube-system", "get", "pods",
+        "-l", "app.kubernetes.io/name=tabby-node", "--field-selector", f"spec.nodeName={own}",
+    )["items"]  # fmt: skip
+    token = kube_cluster.kubectl(
+        "-n", "kube-system", "create", "token", "tabby-node",
+        "--bound-object-kind", "Pod", "--bound-object-name", agent["metadata"]["name"],
+        "--bound-object-uid", agent["metadata"]["uid"],
+    ).strip()  # fmt: skip
+    kubectl = as_token(kube_cluster, token, tmp_path)
+    whoami = json.loads(kubectl("auth", "whoami", "-o", "json").stdout)
+    assert whoami["status"]["userInfo"]["extra"]["authentication.kubernetes.io/node-name"] == [own]
+
+    def report(node: str) -> dict[str, Any]:
+        found: dict[str, Any] = _json(kube_cluster, "get", "nodepolicystatus", node)
+        found["metadata"].pop("resourceVersion")  # an unconditional PUT: no conflict
+        found["status"]["programmed"] = {
+            "networkpolicy/thief/deny-all": "9:0f0f0f0f-0000-4000-8000-00000000abcd"
+        }
+        return found
+
+    assert settles(
+        lambda: {own, other} <= set(kube_cluster.kubectl("get", "nodepolicystatus", "-o", "name")
+                                    .replace("nodepolicystatus.crd.tabby.dev/", "").split()),
+        timeout=60,
+    )  # fmt: skip
+    forged = json.dumps(report(other))
+    assert _refused_within(lambda: kubectl("replace", "--dry-run=server", "-f", "-", stdin=forged))
+    got = kubectl("replace", "-f", "-", stdin=forged)
+    assert got.returncode != 0, f"node {own}'s token replaced {other}'s report"
+    assert f"may write only its own NodePolicyStatus ({own}), not {other}" in got.stderr
+    got = kubectl("replace", "-f", "-", stdin=json.dumps(report(own)))
+    assert got.returncode == 0, got.stderr

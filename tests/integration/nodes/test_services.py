@@ -265,3 +265,45 @@ def test_a_hostnetwork_endpoint_on_the_pods_node_answers_but_bgp_does_not(
     assert hostname(f"{node_ip}:{HOST_PORT}") == node
     name, _ = connect(kube_cluster, client, node_ip, 179)
     assert name == "TIMEOUT", f"the node's BGP port answered a pod: {name}"
+
+
+KUBELET_PORT = 10250  # listens on every address of the node
+
+
+def test_no_pod_reaches_another_nodes_bgp_port_with_or_without_policies(
+    kube_cluster: KubeCluster, client: str
+) -> None:
+    """Issue 40 probe 3: the client's connect to the other node's 179 completed the
+    handshake with its ExaBGP. Now its own node drops it (`felix.bgp_guard`) before any
+    policy, in both kube-proxy modes; the other node's kubelet port still answers, so
+    the drop is port 179's alone."""
+    own = kube_cluster.pods[client].node
+    other = next(n for n in kube_cluster.nodes if n.name != own)
+    assert connect(kube_cluster, client, other.ip, KUBELET_PORT)[0] == "CONNECTED"
+    name, _ = connect(kube_cluster, client, other.ip, 179)
+    assert name == "TIMEOUT", f"{other.name}'s BGP port answered a pod: {name}"
+    kube_cluster.apply_policy(
+        {
+            "metadata": {"name": "client-egress-all", "namespace": NS},
+            "spec": {
+                "podSelector": {"matchLabels": {"app": "client"}},
+                "policyTypes": ["Egress"],
+                "egress": [{}],
+            },
+        }
+    )
+    try:
+        waited = subprocess.run(
+            [str(Path(sys.executable).with_name("tabbyctl")), "--kubeconfig",
+             str(kube_cluster.kubeconfig), "policy", "wait", "networkpolicy/client-egress-all",
+             "-n", NS, "--timeout", "60s"],
+            capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert waited.returncode == 0, waited.stdout + waited.stderr
+        # An egress policy that allows everything opens nothing the guard closes.
+        assert connect(kube_cluster, client, other.ip, KUBELET_PORT)[0] == "CONNECTED"
+        for node in kube_cluster.nodes:
+            name, _ = connect(kube_cluster, client, node.ip, 179)
+            assert name == "TIMEOUT", f"{node.name}'s BGP port answered a pod: {name}"
+    finally:
+        kube_cluster.delete_policy(NS, "client-egress-all")

@@ -106,12 +106,17 @@ class FakeCalculation:
 class FakePolicyDataplane:
     def __init__(self) -> None:
         self.writes: list[tuple[str, Any, bool]] = []
+        self.hosts: list[Any] = []  # what each write was told of the nodes' addresses
 
-    def apply_state(self, desired: Any, local: Any, *, pools: Any, resync: bool = False) -> None:
+    def apply_state(
+        self, desired: Any, local: Any, *, pools: Any, hosts: Any, resync: bool = False
+    ) -> None:
         self.writes.append(("whole", sorted(desired.chains), resync))
+        self.hosts.append(hosts)
 
-    def apply_changes(self, messages: Any, local: Any, *, pools: Any) -> None:
+    def apply_changes(self, messages: Any, local: Any, *, pools: Any, hosts: Any) -> None:
         self.writes.append(("messages", [m.chain.name for m in messages], False))
+        self.hosts.append(hosts)
 
 
 def test_policy_writes_messages_between_passes_and_the_whole_state_on_resync() -> None:
@@ -122,6 +127,7 @@ def test_policy_writes_messages_between_passes_and_the_whole_state_on_resync() -
         address_book=AddressBook,
         fetch_pod=lambda namespace, name: None,
         pools=lambda: ["pool"],
+        hosts=lambda: ["10.0.0.1"],
     )
     manager = PolicyManager(calculation, dataplane, sources)  # type: ignore[arg-type]
     drive(manager, resync=False)  # nothing written yet: the whole state
@@ -135,6 +141,7 @@ def test_policy_writes_messages_between_passes_and_the_whole_state_on_resync() -
         ("whole", ["cali-tw-c0", "cali-tw-c1", "cali-tw-c2"], True),
         ("messages", ["cali-tw-c3"], False),
     ]
+    assert dataplane.hosts == [["10.0.0.1"]] * 4  # every write knows the nodes' addresses
 
 
 VXLAN_POOL = {"metadata": {"name": "p"}, "spec": {"cidr": "10.244.0.0/16", "vxlanMode": "Always"}}

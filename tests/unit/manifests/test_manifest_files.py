@@ -308,15 +308,27 @@ def test_no_namespaced_roles() -> None:
     }
 
 
-def test_node_admission_policy_is_bound_and_matches_the_node_account() -> None:
+# Each admission policy that narrows an account's grants (issues 21 and 40): the account.
+ACCOUNT_POLICIES = {
+    "tabby-node-annotations-only": "tabby-node",
+    "tabby-node-own-policy-status": "tabby-node",
+    "tabby-controllers-realization-only": "tabby-controllers",
+}
+
+
+def test_account_admission_policies_are_bound_and_match_their_account() -> None:
     docs = load("rbac.yaml")
-    [policy] = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicy"]
-    [binding] = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicyBinding"]
-    assert binding["spec"]["policyName"] == policy["metadata"]["name"]
-    assert binding["spec"]["validationActions"] == ["Deny"]
-    assert policy["spec"]["failurePolicy"] == "Fail"
-    [condition] = policy["spec"]["matchConditions"]
-    assert f"system:serviceaccount:{NAMESPACE}:tabby-node" in condition["expression"]
+    policies = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ValidatingAdmissionPolicy"}
+    bindings = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicyBinding"]
+    assert set(policies) == set(ACCOUNT_POLICIES)
+    assert {b["spec"]["policyName"] for b in bindings} == set(policies)
+    for binding in bindings:
+        assert binding["spec"]["validationActions"] == ["Deny"]
+    for name, policy in policies.items():
+        assert policy["spec"]["failurePolicy"] == "Fail"
+        [condition] = policy["spec"]["matchConditions"]
+        account = ACCOUNT_POLICIES[name]
+        assert f'"system:serviceaccount:{NAMESPACE}:{account}"' in condition["expression"]
 
 
 # -- tabby-node: the DaemonSet -----------------------------------------------------------------
@@ -338,6 +350,7 @@ def test_daemonset_runs_on_every_node(daemonset: dict[str, Any]) -> None:
             "iptables_backend": "a",
             "default_endpoint_to_host_action": "Drop",
             "iptables_filter_allow_action": "Accept",
+            "pod_to_node_bgp": "Drop",
             "log_level": "b",
             "resync_interval": "2",
         },
