@@ -18,6 +18,11 @@ Topology rules (Calico's, adapted to ExaBGP):
   node's own AS) choose the remote side.
 - One peering per address: explicit peers win over implicit ones
   (node specific > global > route reflector > node-to-node mesh).
+- Passwords (TCP MD5, RFC 2385): BGPConfiguration `nodeMeshPassword` keys every
+  mesh and route-reflector session, a BGPPeer's `password` the sessions it makes.
+  Both name a key of the one Secret Tabby reads (`BGP_SECRET`); a key that is not
+  there leaves those sessions out and says why in `problems` (never a session
+  without the password the operator asked for).
 - Passive/active between cluster nodes: the node with the lower address waits
   (passive) and the higher one dials, Calico's rule to avoid session collisions
   and graceful-restart races. Every node listens, or the passive side could
@@ -26,14 +31,15 @@ Topology rules (Calico's, adapted to ExaBGP):
 
 from __future__ import annotations
 
+import base64
 import ipaddress
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 from bgp.nodes import NodeFacts, parse_nodes
-from datastore.models import BGPConfiguration, BGPPeer
+from datastore.models import BGPConfiguration, BGPPassword, BGPPeer
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +57,13 @@ DEFAULT_HOLD_TIME: Final = 30
 DEFAULT_RESTART_TIME: Final = 120
 API_PROCESS: Final = "tabby-api"
 TEMPLATE: Final = "tabby-peer"
+# The one Secret BGP passwords are read from (tabby-node may read no other; the CRDs
+# refuse any other name), in the agent's namespace.
+BGP_SECRET: Final = "tabby-bgp-passwords"
+BGP_SECRET_NAMESPACE: Final = "kube-system"
+MAX_PASSWORD_BYTES: Final = 80  # TCP_MD5SIG_MAXKEYLEN
+
+Passwords = Mapping[str, str]  # a key of BGP_SECRET -> its value (decoded)
 
 SelectorMatch = Callable[[str, Mapping[str, str]], bool]
 
@@ -67,6 +80,8 @@ class DesiredPeer:
     port: int = DEFAULT_PORT
     node: str | None = None  # the remote node's name when the peer is a cluster node
     source: str = ""  # what asked for it: "mesh", "reflector" or "bgppeer/<name>"
+    password: str | None = field(default=None, repr=False)  # TCP MD5, never logged
+    password_key: str | None = None  # where it came from: a key of BGP_SECRET
 
     def sort_key(self) -> tuple[int, int]:
         return (int(self.address), self.port)
@@ -117,8 +132,13 @@ def compute_plan(
     bgp_peers: Iterable[BGPPeer],
     node_name: str,
     selector_match: SelectorMatch = default_selector_match,
+    passwords: Passwords | None = None,
 ) -> BGPPlan | None:
-    """The desired peerings of `node_name`; None while that node has no usable address."""
+    """The desired peerings of `node_name`; None while that node has no usable address.
+
+    ``passwords``: the keys of BGP_SECRET as they are now (None or {}: no Secret).
+    """
+    passwords = passwords or {}
     cfg = (config or BGPConfiguration.model_validate({"metadata": {"name": "default"}})).spec
     facts = parse_nodes(nodes)
     me = facts.get(node_name)
@@ -132,13 +152,46 @@ def compute_plan(
         rr_cluster_id=me.rr_cluster_id,
     )
     ctx = _Context(me, local, facts, cfg.as_number, cfg.listen_port, selector_match)
-    candidates = _cluster_peers(ctx, mesh=cfg.node_to_node_mesh_enabled)
-    problems: list[str] = []
+    cluster = _cluster_peers(ctx, mesh=cfg.node_to_node_mesh_enabled)
+    candidates, problems = _with_password(
+        cluster, cfg.node_mesh_password, passwords, "bgpconfiguration nodeMeshPassword"
+    )
     for bgp_peer in sorted(bgp_peers, key=lambda p: p.name):
         found, errors = _explicit_peers(ctx, bgp_peer)
+        if not errors:
+            found, errors = _with_password(
+                found, bgp_peer.spec.password, passwords, f"bgppeer/{bgp_peer.name} password"
+            )
         candidates.extend(found)
         problems.extend(errors)
     return BGPPlan(local=local, peers=_dedupe(candidates), problems=tuple(problems))
+
+
+def _with_password(
+    peers: list[DesiredPeer], ref: BGPPassword | None, passwords: Passwords, where: str
+) -> tuple[list[DesiredPeer], list[str]]:
+    """The peers keyed with the referenced password, or none of them and why."""
+    if ref is None or not peers:
+        return peers, []
+    secret, key = ref.secret_key_ref.name, ref.secret_key_ref.key
+    problem = password_problem(secret, key, passwords)
+    if problem is not None:
+        left_out = ", ".join(str(p.address) for p in peers)
+        return [], [f"{where}: {problem}; sessions with {left_out} are not configured"]
+    return [replace(p, password=passwords[key], password_key=key) for p in peers], []
+
+
+def password_problem(secret: str, key: str, passwords: Passwords) -> str | None:
+    """Why a password reference cannot be used, or None when it can."""
+    where = f"Secret {BGP_SECRET_NAMESPACE}/{BGP_SECRET}"
+    if secret != BGP_SECRET:
+        return f"passwords are read from {where} only, not {secret!r}"
+    if key not in passwords:
+        return f"{where} has no key {key!r} (or does not exist)"
+    size = len(passwords[key].encode())
+    if not 1 <= size <= MAX_PASSWORD_BYTES:
+        return f"{where} key {key!r} is {size} bytes; a TCP MD5 password is 1 to 80"
+    return None
 
 
 @dataclass(frozen=True)
@@ -406,6 +459,11 @@ def _neighbor_lines(peer: DesiredPeer) -> list[str]:
         lines.append(f"    connect {peer.port};")
     if peer.passive:
         lines.append("    passive true;")
+    if peer.password is not None:
+        # base64: any byte of the password is safe in ExaBGP's syntax
+        encoded = base64.b64encode(peer.password.encode()).decode()
+        lines.append(f"    md5-password {encoded};")
+        lines.append("    md5-base64 true;")
     lines.append("}")
     return lines
 

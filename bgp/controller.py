@@ -65,6 +65,7 @@ class BGPInputs:
     pools: Sequence[IPPool] = ()
     borrowed: Sequence[tuple[str, str | None]] = ()  # (ip, owner of its block) used here
     blocks: Sequence[IPAMBlock] = ()  # IPAM blocks: their addresses used here join `borrowed`
+    passwords: Mapping[str, str] = field(default_factory=dict)  # BGP_SECRET's keys
 
 
 @dataclass
@@ -110,7 +111,9 @@ class BGPController:
 
     def update(self, inputs: BGPInputs) -> ControllerStatus:
         """Recompute everything from a snapshot and apply what changed."""
-        plan = compute_plan(inputs.config, inputs.nodes, inputs.peers, self.node_name)
+        plan = compute_plan(
+            inputs.config, inputs.nodes, inputs.peers, self.node_name, passwords=inputs.passwords
+        )
         self.status.plan = plan
         if plan is None:
             log.warning("node %s has no usable address annotation yet", self.node_name)

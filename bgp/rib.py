@@ -86,6 +86,7 @@ class PeerStatus:
     rr_client: bool = False
     stale_routes: int = 0
     sessions: int = 0  # how many times the session came up: flaps show here
+    password_key: str | None = None  # the TCP MD5 password's key in the Secret, if any
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -100,6 +101,7 @@ class PeerStatus:
             "rrClient": self.rr_client,
             "staleRoutes": self.stale_routes,
             "sessions": self.sessions,
+            "passwordKey": self.password_key,
         }
 
 
@@ -156,6 +158,7 @@ class SpeakerCore:
                 current.peer_type, current.as_number = peer.peer_type, peer.as_number
                 current.node = peer.node
             self.status[address].rr_client = peer.rr_client
+            self.status[address].password_key = peer.password_key
         self.peers = wanted
         return self._sync_all()
 

@@ -116,7 +116,9 @@ class SpeakerOptions:
     """Where files go and how ExaBGP is started."""
 
     workdir: Path
-    exabgp: str = str(Path(sys.executable).with_name("exabgp"))
+    # ExaBGP's command with a reload that is never dropped (bgp/exabgp_launcher.py),
+    # run by `python`
+    exabgp: str = str(Path(__file__).with_name("exabgp_launcher.py"))
     python: str = sys.executable
     command_prefix: Sequence[str] = ()  # e.g. ("ip", "netns", "exec", "<ns>") in tests
     status_file: Path | None = None
@@ -397,7 +399,11 @@ class Speaker:
             self._config_text = text
             return False
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(text)
+        # root's alone: it may hold TCP MD5 passwords (base64, not encrypted)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(text)
+        tmp.chmod(0o600)  # a file left by an older agent keeps its mode otherwise
         tmp.replace(path)
         self._config_text = text
         return True
@@ -422,7 +428,7 @@ class Speaker:
             backoff = min(backoff * 2, self.options.backoff_max)
 
     def _spawn(self) -> subprocess.Popen[bytes]:
-        argv = [*self.options.command_prefix, self.options.exabgp, "server"]
+        argv = [*self.options.command_prefix, self.options.python, self.options.exabgp, "server"]
         argv.append(str(self.options.config_file))
         argv = with_parent_death(argv, self.options.parent_death_signal, self.options.python)
         with self.options.log_file.open("ab") as logf:

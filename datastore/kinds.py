@@ -53,6 +53,7 @@ NODE = ResourceKind("Node", "nodes", group="", version="v1")
 POD = ResourceKind("Pod", "pods", group="", version="v1", namespaced=True)
 NAMESPACE = ResourceKind("Namespace", "namespaces", group="", version="v1")
 EVENT = ResourceKind("Event", "events", group="", version="v1", namespaced=True)
+SECRET = ResourceKind("Secret", "secrets", group="", version="v1", namespaced=True)
 NETWORKPOLICY = ResourceKind(
     "NetworkPolicy", "networkpolicies", group="networking.k8s.io", version="v1", namespaced=True
 )

@@ -133,11 +133,25 @@ class IPAMConfig(Resource):
     spec: IPAMConfigSpec = Field(default_factory=IPAMConfigSpec)
 
 
+class SecretKeyRef(Wire):
+    """One key of a Secret in the agent's namespace (kube-system), as Calico names it."""
+
+    name: str
+    key: str
+
+
+class BGPPassword(Wire):
+    """A BGP session's TCP MD5 password, never inline: a reference to a Secret's key."""
+
+    secret_key_ref: SecretKeyRef
+
+
 class BGPConfigurationSpec(Wire):
     as_number: int = 64512
     node_to_node_mesh_enabled: bool = True
     listen_port: int = 179
     log_severity_screen: str = "Info"
+    node_mesh_password: BGPPassword | None = None  # mesh and route-reflector sessions
 
 
 class BGPConfiguration(Resource):
@@ -152,6 +166,7 @@ class BGPPeerSpec(Wire):
     as_number: int | None = None
     peer_selector: str | None = None
     source_address: str = "UseNodeIP"
+    password: BGPPassword | None = None
 
 
 class BGPPeer(Resource):

@@ -34,6 +34,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from bgp.annotations import IPV4_ADDRESS
+from bgp.config import BGP_SECRET, BGP_SECRET_NAMESPACE
 from bgp.controller import BGPController
 from bgp.speaker import SpeakerOptions, default_status_path
 from datastore import kinds
@@ -417,6 +418,8 @@ class Agent:
 
     def _start_informers(self) -> None:
         specs: dict[str, tuple[kinds.ResourceKind, str | None]] = {
+            # the one Secret BGP passwords come from (RBAC: that name only)
+            "bgpsecrets": (kinds.SECRET, f"metadata.name={BGP_SECRET}"),
             "pools": (kinds.IPPOOL, None),
             "nodes": (kinds.NODE, None),
             "pods": (kinds.POD, None),  # every pod of the cluster: slimmed (slim_pod)
@@ -433,6 +436,7 @@ class Agent:
                 self.datastore,
                 kind,
                 self._requester(name),
+                namespace=BGP_SECRET_NAMESPACE if kind is kinds.SECRET else None,
                 field_selector=field_selector,
                 transform=slim_pod if kind is kinds.POD else without_managed_fields,
                 optional=kind in OPTIONAL_KINDS,

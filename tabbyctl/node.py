@@ -11,6 +11,12 @@ state change, by default `/run/tabby/<node>/bgp-status.json`:
                 "node": "n2", "state": "up", "since": 1796199525.9,
                 "info": "Established", "routesReceived": 1, "rrClient": false}]}
 
+A peer whose session has a TCP MD5 password (``passwordKey``, the key of the BGP
+password Secret) and is not up says so in INFO, with the kernel's count of TCP
+segments that failed the MD5 check in this network namespace (`/proc/net/netstat`,
+TcpExt TCPMD5Failure and TCPMD5NotFound): a wrong or missing password on one side
+shows there, since the kernel drops those segments before BGP sees them.
+
 A file is read rather than a socket so that the command works while the agent is
 busy or gone (the file then tells what it last saw, and the PID check says it is
 not running). Rendering is split from reading so it is tested with plain data.
@@ -67,7 +73,7 @@ def status(run_dir: Path, status_file: Path | None, output: str) -> None:
     if not doc.get("speakerRunning"):
         click.echo("\nThe BGP backend process (ExaBGP) is not running.")
         return
-    rows = status_rows(doc)
+    rows = status_rows(doc, md5=md5_counters())
     click.echo("\nIPv4 BGP status")
     if rows:
         emit_table(None, COLUMNS, rows)
@@ -130,7 +136,9 @@ def _runs_in_namespace(proc: Path, namespace: int, pid: int) -> bool:
     return False
 
 
-def status_rows(doc: dict[str, Any], now: float | None = None) -> list[list[str]]:
+def status_rows(
+    doc: dict[str, Any], now: float | None = None, md5: dict[str, int] | None = None
+) -> list[list[str]]:
     """Table rows in calicoctl's column order, peers sorted by address."""
     peers = sorted(doc.get("peers") or [], key=_address_key)
     return [
@@ -139,10 +147,41 @@ def status_rows(doc: dict[str, Any], now: float | None = None) -> list[list[str]
             str(p.get("type", "")),
             str(p.get("state", "")),
             format_since(p.get("since"), now),
-            str(p.get("info", "")),
+            peer_info(p, md5 or {}),
         ]
         for p in peers
     ]
+
+
+MD5_COUNTERS = ("TCPMD5Failure", "TCPMD5NotFound", "TCPMD5Unexpected")
+
+
+def peer_info(peer: dict[str, Any], md5: dict[str, int]) -> str:
+    """INFO: BGP's own words, and for a session down with a password, the MD5 evidence."""
+    info = str(peer.get("info", ""))
+    key = peer.get("passwordKey")
+    if not key or peer.get("state") == "up":
+        return info
+    failed = md5.get("TCPMD5Failure", 0) + md5.get("TCPMD5NotFound", 0)
+    if failed:
+        return (
+            f"{info}, TCP MD5 password {key!r}: {failed} segments failed the MD5 check here"
+            " (a wrong or missing password on one side)"
+        )
+    return f"{info}, TCP MD5 password {key!r}: no answer signed with it yet"
+
+
+def md5_counters(path: Path = Path("/proc/net/netstat")) -> dict[str, int]:
+    """The kernel's TCP MD5 counters of this network namespace ({} if unreadable)."""
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return {}
+    for names, values in zip(lines[::2], lines[1::2], strict=False):
+        if names.startswith("TcpExt:") and values.startswith("TcpExt:"):
+            table = dict(zip(names.split()[1:], values.split()[1:], strict=False))
+            return {name: int(table[name]) for name in MD5_COUNTERS if name in table}
+    return {}
 
 
 def format_since(timestamp: Any, now: float | None = None) -> str:
@@ -165,6 +204,7 @@ def status_data(doc: dict[str, Any] | None, path: Path) -> dict[str, Any]:
         "routerId": doc.get("routerId"),
         "asNumber": doc.get("asNumber"),
         "statusFile": str(path),
+        "tcpMd5": md5_counters(),
         "peers": sorted(doc.get("peers") or [], key=_address_key),
     }
 

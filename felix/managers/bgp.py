@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
 import logging
-from collections.abc import Callable, Set
+from collections.abc import Callable, Iterable, Set
 from typing import Any
 
 from bgp.controller import BGPController, BGPInputs
@@ -16,6 +18,22 @@ Objects = Callable[[str], list[dict[str, Any]]]  # an informer's objects, by its
 
 # Changes that cannot alter what BGP announces or installs: no BGP work for them.
 NOT_BGP_REASONS = frozenset({"pods", "namespaces", "policies", STATUS_STALE})
+
+
+def secret_values(secrets: Iterable[dict[str, Any]]) -> dict[str, str]:
+    """The keys of the BGP password Secret and their values, decoded.
+
+    A value that is not base64 of UTF-8 text is left out and logged (its key only):
+    the sessions that name it are then reported as missing their password by bgp/.
+    """
+    values: dict[str, str] = {}
+    for secret in secrets:
+        for key, encoded in (secret.get("data") or {}).items():
+            try:
+                values[key] = base64.b64decode(str(encoded), validate=True).decode()
+            except (binascii.Error, UnicodeDecodeError):
+                log.warning("BGP password key %r is not text; left out", key)
+    return values
 
 
 def only_non_bgp(reasons: Set[str]) -> bool:
@@ -75,6 +93,7 @@ class BGPManager:
 
     def _inputs(self) -> BGPInputs:
         return BGPInputs(
+            passwords=secret_values(self._objects("bgpsecrets")),
             config=self._configuration(),
             nodes=self._objects("nodes"),
             peers=[BGPPeer.from_wire(o) for o in self._objects("bgppeers")],

@@ -26,7 +26,7 @@ from bgp.controller import BGPController, BGPInputs
 from bgp.kernel import iproute_factory
 from bgp.routes import PROTO_BGP
 from bgp.speaker import Speaker, SpeakerOptions
-from datastore.models import BGPPeer, BlockAffinity
+from datastore.models import BGPConfiguration, BGPPeer, BlockAffinity
 from tabbyctl.node import node as node_cmd
 from tests.helpers import wait_for
 from tests.integration.bgp.bgp_netns import Lab
@@ -81,6 +81,8 @@ def start_agent(
     blocks: list[str],
     peers: list[BGPPeer] | None = None,
     restart_time: int | None = 3,
+    config: BGPConfiguration | None = None,
+    passwords: dict[str, str] | None = None,
 ) -> Agent:
     """One node's BGP; a short graceful-restart time keeps the tests quick."""
     ns = lab.ns(name)
@@ -93,7 +95,11 @@ def start_agent(
     )
     controller = BGPController(name, options, iproute_factory(ns))
     inputs = BGPInputs(
-        nodes=nodes, peers=peers or [], affinities=[affinity(b, name) for b in blocks]
+        config=config,
+        nodes=nodes,
+        peers=peers or [],
+        affinities=[affinity(b, name) for b in blocks],
+        passwords=passwords or {},
     )
     agent = Agent(name, ns, controller, inputs)
     controller.update(inputs)

@@ -373,3 +373,53 @@ def test_a_nodes_pod_bound_token_writes_only_its_own_policy_status(
     assert f"may write only its own NodePolicyStatus ({own}), not {other}" in got.stderr
     got = kubectl("replace", "-f", "-", stdin=json.dumps(report(own)))
     assert got.returncode == 0, got.stderr
+
+
+def test_the_mesh_is_keyed_from_the_bgp_password_secret_under_the_agents_own_rbac(
+    kube_cluster: KubeCluster,
+) -> None:
+    """Issue 40: the DaemonSet's agents read kube-system/tabby-bgp-passwords with their
+    own Role (a watch pinned to that one name) and key every mesh session with it; the
+    sessions are up, keyed, and the ExaBGP configuration is root's alone."""
+    secret = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": "tabby-bgp-passwords", "namespace": "kube-system"},
+        "stringData": {"mesh": "a-long-random-mesh-key"},
+    }
+    config = {
+        "apiVersion": "crd.tabby.dev/v1",
+        "kind": "BGPConfiguration",
+        "metadata": {"name": "default"},
+        "spec": {
+            "nodeMeshPassword": {"secretKeyRef": {"name": "tabby-bgp-passwords", "key": "mesh"}}
+        },
+    }
+    kube_cluster.kubectl("apply", "-f", "-", stdin=json.dumps(secret))
+    kube_cluster.kubectl("apply", "-f", "-", stdin=json.dumps(config))
+    peers_expected = len(kube_cluster.nodes) - 1
+
+    def up_with(node: str, key: str | None) -> bool:
+        status = _tabbyctl(kube_cluster, "node", "status", "--run-dir",
+                           str(kube_cluster.run_dir(node)), "-o", "json")  # fmt: skip
+        peers = json.loads(status.stdout)["peers"] if status.returncode == 0 else []
+        keyed = [p for p in peers if p.get("passwordKey") == key and p["state"] == "up"]
+        return len(keyed) == peers_expected == len(peers)
+
+    def keyed_and_up(node: str) -> bool:
+        return up_with(node, "mesh")
+
+    try:
+        for node in kube_cluster.nodes:
+            assert settles(lambda node=node: keyed_and_up(node.name), timeout=90), node.name
+            conf = kube_cluster.run_dir(node.name) / "bgp" / "exabgp.conf"
+            assert conf.stat().st_mode & 0o777 == 0o600
+            assert conf.read_text().count("md5-password ") == peers_expected
+    finally:
+        kube_cluster.kubectl(
+            "patch", "bgpconfiguration", "default", "--type", "json",
+            "-p", '[{"op": "remove", "path": "/spec/nodeMeshPassword"}]',
+        )  # fmt: skip
+        kube_cluster.kubectl("-n", "kube-system", "delete", "secret", "tabby-bgp-passwords")
+    for node in kube_cluster.nodes:  # unkeyed again, as every other test here expects
+        assert settles(lambda node=node: up_with(node.name, None), timeout=90), node.name

@@ -14,7 +14,14 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from tabbyctl.node import format_since, node, process_running, status_data, status_rows
+from tabbyctl.node import (
+    format_since,
+    md5_counters,
+    node,
+    process_running,
+    status_data,
+    status_rows,
+)
 
 TODAY = dt.datetime(2026, 12, 2, 17, 38, 47).timestamp()
 LAST_YEAR = dt.datetime(2025, 11, 25, 9, 0, 0).timestamp()
@@ -188,3 +195,29 @@ def test_unreadable_file_means_not_running(tmp_path: Path, content: str) -> None
     result = CliRunner().invoke(group, ["node", "status", "--status-file", str(path)])
     assert result.exit_code == 1
     assert "not running" in result.output
+
+
+def test_a_session_down_with_a_password_shows_the_kernels_md5_evidence(tmp_path: Path) -> None:
+    """Issue 40: a wrong password keeps the session down, and node status says so."""
+    down = {"address": "10.0.0.9", "type": "global", "state": "start", "info": "Connect",
+            "passwordKey": "tor"}  # fmt: skip
+    up = {"address": "10.0.0.2", "type": "node-to-node mesh", "state": "up",
+          "info": "Established", "passwordKey": "mesh"}  # fmt: skip
+    rows = status_rows({"peers": [down, up]}, md5={"TCPMD5Failure": 3, "TCPMD5NotFound": 1})
+    assert rows[0][4] == "Established"  # up: nothing to say
+    assert rows[1][4] == (
+        "Connect, TCP MD5 password 'tor': 4 segments failed the MD5 check here"
+        " (a wrong or missing password on one side)"
+    )
+    assert status_rows({"peers": [down]}, md5={})[0][4] == (
+        "Connect, TCP MD5 password 'tor': no answer signed with it yet"
+    )
+    netstat = tmp_path / "netstat"
+    netstat.write_text(
+        "TcpExt: SyncookiesSent TCPMD5NotFound TCPMD5Unexpected TCPMD5Failure\n"
+        "TcpExt: 0 2 0 5\n"
+        "IpExt: InNoRoutes\nIpExt: 0\n"
+    )
+    counters = md5_counters(netstat)
+    assert counters == {"TCPMD5Failure": 5, "TCPMD5NotFound": 2, "TCPMD5Unexpected": 0}
+    assert md5_counters(tmp_path / "absent") == {}

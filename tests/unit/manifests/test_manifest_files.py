@@ -22,6 +22,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
+from bgp.config import BGP_SECRET
 from controllers import main as gc_main
 from datastore import incluster
 from datastore.client import Datastore
@@ -31,7 +32,7 @@ from datastore.transport import HttpTransport
 from felix import agent
 from ipam.pools import validate_pool
 from tabbyctl.main import cli
-from tests.rbac_table import documented_grants
+from tests.rbac_table import documented_grants, documented_named_grants
 
 REPO = Path(__file__).resolve().parents[3]
 MANIFESTS = REPO / "manifests"
@@ -295,17 +296,39 @@ def test_cluster_role_is_exactly_the_table(role: str) -> None:
     assert granted == EXPECTED_RULES[role]
 
 
-def test_no_namespaced_roles() -> None:
-    """All grants are cluster-wide ClusterRoles (pods and events live in every namespace)."""
-    kinds = {d["kind"] for d in load("rbac.yaml")}
-    # plus the admission policy that narrows tabby-node's patch (issue 21 item 9)
-    assert kinds == {
+def test_the_only_namespaced_role_is_the_documented_secret_by_name() -> None:
+    """Grants are cluster-wide ClusterRoles (pods and events live in every namespace),
+    but for one Role: tabby-node reads the BGP password Secret, by name (issue 40)."""
+    docs = load("rbac.yaml")
+    # plus the admission policies that narrow what RBAC cannot (issues 21 and 40)
+    assert {d["kind"] for d in docs} == {
         "ServiceAccount",
         "ClusterRole",
         "ClusterRoleBinding",
+        "Role",
+        "RoleBinding",
         "ValidatingAdmissionPolicy",
         "ValidatingAdmissionPolicyBinding",
     }
+    granted: dict[str, dict[tuple[str, str, str], set[str]]] = {}
+    for role in (d for d in docs if d["kind"] == "Role"):
+        [binding] = [
+            d
+            for d in docs
+            if d["kind"] == "RoleBinding" and d["roleRef"]["name"] == role["metadata"]["name"]
+        ]
+        [subject] = binding["subjects"]
+        assert binding["metadata"]["namespace"] == role["metadata"]["namespace"] == NAMESPACE
+        for rule in role["rules"]:
+            assert rule["resourceNames"], "a Role here names its objects"
+            for resource in rule["resources"]:
+                for name in rule["resourceNames"]:
+                    key = (NAMESPACE, resource, name)
+                    granted.setdefault(subject["name"], {}).setdefault(key, set()).update(
+                        rule["verbs"]
+                    )
+    assert granted == documented_named_grants()
+    assert granted == {"tabby-node": {(NAMESPACE, "secrets", BGP_SECRET): {"get", "list", "watch"}}}
 
 
 # Each admission policy that narrows an account's grants (issues 21 and 40): the account.
