@@ -84,16 +84,22 @@ def gobgp_established(ns: str, address: str) -> bool:
     return state in (6, "established", "ESTABLISHED")
 
 
-def test_gobgp_as_external_peer(lab: Lab, tmp_path: Path) -> None:
+def gobgp_beside_two_nodes(lab: Lab, tmp_path: Path, neighbor: str) -> tuple[str, list[str]]:
+    """Nodes a (.1) and b (.2) and GoBGP's namespace (.6) with *neighbor* (a template
+    of `address`) for each node: GoBGP's namespace and its command line."""
     if shutil.which("gobgpd") is None or shutil.which("gobgp") is None:
         pytest.skip("gobgpd and gobgp (Debian package gobgpd) are not installed")
     lab.add_node("a", 1)
     lab.add_node("b", 2)
     tor_ns = lab.add_node("tor", 6)
     conf = tmp_path / "gobgpd.toml"
-    neighbors = "".join(NEIGHBOR.format(address=a) for a in ("10.99.0.1", "10.99.0.2"))
+    neighbors = "".join(neighbor.format(address=a) for a in ("10.99.0.1", "10.99.0.2"))
     conf.write_text(GOBGP_CONF.format(neighbors=neighbors))
-    argv = ["gobgpd", "-f", str(conf), "--api-hosts", API, "--pprof-disable", "-p"]
+    return tor_ns, ["gobgpd", "-f", str(conf), "--api-hosts", API, "--pprof-disable", "-p"]
+
+
+def test_gobgp_as_external_peer(lab: Lab, tmp_path: Path) -> None:
+    tor_ns, argv = gobgp_beside_two_nodes(lab, tmp_path, NEIGHBOR)
     with daemon(tor_ns, argv) as proc:
         tor = BGPPeer.model_validate(
             {"metadata": {"name": "tor"}, "spec": {"peerIP": GOBGP_IP, "asNumber": GOBGP_AS}}

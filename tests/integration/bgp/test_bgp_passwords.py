@@ -11,7 +11,6 @@ so; fixed, they come up again.
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -24,17 +23,17 @@ from tabbyctl.node import md5_counters, status_rows
 from tests.helpers import wait_for
 from tests.integration.bgp.bgp_netns import Lab, daemon
 from tests.integration.bgp.test_bgp_exabgp import Agent, node, start_agent
-from tests.integration.bgp.test_bgp_gobgp import API, GOBGP_AS, GOBGP_IP, gobgp_established
+from tests.integration.bgp.test_bgp_gobgp import (
+    GOBGP_AS,
+    GOBGP_IP,
+    gobgp_beside_two_nodes,
+    gobgp_established,
+)
 
 pytestmark = pytest.mark.integration
 
 TOR_PASSWORD = "t0r-s3cret"
-GOBGP_CONF = f"""\
-[global.config]
-  as = {GOBGP_AS}
-  router-id = "{GOBGP_IP}"
-  local-address-list = ["{GOBGP_IP}"]
-{{neighbors}}"""
+# test_bgp_gobgp's neighbor with a password and a short connect retry
 NEIGHBOR = """
 [[neighbors]]
   [neighbors.config]
@@ -81,14 +80,8 @@ def info(agent: Agent, address: str, tmp: Path) -> str:
 
 
 def test_passwords_on_the_mesh_and_an_external_peer(lab: Lab, tmp_path: Path) -> None:
-    if shutil.which("gobgpd") is None or shutil.which("gobgp") is None:
-        pytest.skip("gobgpd and gobgp (Debian package gobgpd) are not installed")
-    lab.add_node("a", 1)
-    lab.add_node("b", 2)
-    tor_ns = lab.add_node("tor", 6)
-    conf = tmp_path / "gobgpd.toml"
-    neighbors = "".join(NEIGHBOR.format(address=a, password=TOR_PASSWORD) for a in (A, B))
-    conf.write_text(GOBGP_CONF.format(neighbors=neighbors))
+    neighbor = NEIGHBOR.replace("{password}", TOR_PASSWORD)
+    tor_ns, argv = gobgp_beside_two_nodes(lab, tmp_path, neighbor)
     ref = {"name": BGP_SECRET}
     config = BGPConfiguration.model_validate(
         {
@@ -107,7 +100,6 @@ def test_passwords_on_the_mesh_and_an_external_peer(lab: Lab, tmp_path: Path) ->
         }
     )
     wrong = {"mesh": "m3sh", "tor": "not-the-tor-password"}
-    argv = ["gobgpd", "-f", str(conf), "--api-hosts", API, "--pprof-disable", "-p"]
     with daemon(tor_ns, argv):
         nodes = [node("a", f"{A}/24"), node("b", f"{B}/24")]
         a, b = (

@@ -10,7 +10,8 @@ work. With the action set to Accept the pod reaches the host port again.
 
 Issue 40: a pod's connect to another node's 179 completed the handshake with that
 node's ExaBGP. Now the pod's own node drops TCP to port 179 of every node address
-(`felix.bgp_guard`) unless the operator sets TABBY_POD_TO_NODE_BGP=Allow.
+(`felix.bgp_guard`) unless the operator sets TABBY_POD_TO_NODE_BGP=Allow (the rules
+it leaves out: tests/unit/felix/test_bgp_guard.py).
 """
 
 from __future__ import annotations
@@ -152,13 +153,6 @@ def accept_lab(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[_Lab
     yield from _up(tmp_path)
 
 
-@pytest.fixture
-def bgp_allowed_lab(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[_Lab]:
-    monkeypatch.setenv("TABBY_DEFAULT_ENDPOINT_TO_HOST_ACTION", "Accept")
-    monkeypatch.setenv("TABBY_POD_TO_NODE_BGP", "Allow")
-    yield from _up(tmp_path)
-
-
 def test_pod_cannot_reach_its_nodes_bgp_port_or_host_ports(default_lab: _Lab) -> None:
     lab, cluster = default_lab, default_lab.cluster
     assert not lab.pod_reaches_node(179), "pod reached its node's BGP port"
@@ -183,16 +177,6 @@ def test_with_accept_the_pod_reaches_the_host_port_but_never_bgp(accept_lab: _La
     assert not accept_lab.pod_reaches_node(179), "pod reached its node's BGP port"
     assert not accept_lab.pod_reaches_other_nodes_bgp(), "pod reached another node's BGP port"
     assert _bgp_up(accept_lab.cluster)
-
-
-def test_with_pod_to_node_bgp_allowed_pods_reach_every_nodes_bgp_port(
-    bgp_allowed_lab: _Lab,
-) -> None:
-    """The operator's switch (TABBY_POD_TO_NODE_BGP=Allow): no rule stands in the way, so
-    the endpoint-to-host action (Accept here) and policy decide, as for any port."""
-    assert bgp_allowed_lab.pod_reaches_node(179)
-    assert bgp_allowed_lab.pod_reaches_other_nodes_bgp()
-    assert _bgp_up(bgp_allowed_lab.cluster)
 
 
 def _send_udp(netns: str, source: str, address: str) -> None:

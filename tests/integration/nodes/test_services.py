@@ -34,7 +34,7 @@ REFUSED_WITHIN_S = 0.1
 CONNECT = """
 import errno, socket, sys, time
 s = socket.socket()
-s.settimeout(3)
+s.settimeout(float(sys.argv[3]))
 t = time.monotonic()
 try:
     s.connect((sys.argv[1], int(sys.argv[2])))
@@ -74,9 +74,11 @@ def empty_service(cluster: KubeCluster) -> str:
     return str(found["spec"]["clusterIP"])
 
 
-def connect(cluster: KubeCluster, pod: str, address: str, port: int) -> tuple[str, float]:
+def connect(
+    cluster: KubeCluster, pod: str, address: str, port: int, wait_s: float = 3
+) -> tuple[str, float]:
     """One TCP connect from the pod's netns: the errno name (or CONNECTED) and seconds."""
-    got = cluster.exec(pod, ["python3", "-c", CONNECT, address, str(port)])
+    got = cluster.exec(pod, ["python3", "-c", CONNECT, address, str(port), str(wait_s)])
     assert got.returncode == 0, got.stderr
     name, seconds = got.stdout.split()
     return name, float(seconds)
@@ -280,7 +282,7 @@ def test_no_pod_reaches_another_nodes_bgp_port_with_or_without_policies(
     own = kube_cluster.pods[client].node
     other = next(n for n in kube_cluster.nodes if n.name != own)
     assert connect(kube_cluster, client, other.ip, KUBELET_PORT)[0] == "CONNECTED"
-    name, _ = connect(kube_cluster, client, other.ip, 179)
+    name, _ = connect(kube_cluster, client, other.ip, 179, wait_s=1)
     assert name == "TIMEOUT", f"{other.name}'s BGP port answered a pod: {name}"
     kube_cluster.apply_policy(
         {
@@ -302,8 +304,8 @@ def test_no_pod_reaches_another_nodes_bgp_port_with_or_without_policies(
         assert waited.returncode == 0, waited.stdout + waited.stderr
         # An egress policy that allows everything opens nothing the guard closes.
         assert connect(kube_cluster, client, other.ip, KUBELET_PORT)[0] == "CONNECTED"
-        for node in kube_cluster.nodes:
-            name, _ = connect(kube_cluster, client, node.ip, 179)
+        for node in kube_cluster.nodes:  # a dropped SYN: no answer within 1 s is final
+            name, _ = connect(kube_cluster, client, node.ip, 179, wait_s=1)
             assert name == "TIMEOUT", f"{node.name}'s BGP port answered a pod: {name}"
     finally:
         kube_cluster.delete_policy(NS, "client-egress-all")
