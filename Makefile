@@ -20,10 +20,12 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
-# The Kubernetes binaries, then the upstream policy suites (e2e Netpol, cyclonus, ginkgo).
+# The Kubernetes binaries, the upstream policy suites (e2e Netpol, cyclonus, ginkgo), and
+# the node-side CNI executable (cni/forwarder, static Go).
 build: deps
 	hack/build-k8s.sh >/dev/null
 	hack/build-e2e.sh >/dev/null
+	hack/build-cni.sh >/dev/null
 
 # The lab nodes' images (pause, agnhost, tabby), no Docker daemon: lab/images.py.
 # `tabbyctl lab up` builds what is missing itself; this only does it ahead of time.

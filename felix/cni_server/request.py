@@ -1,8 +1,20 @@
-"""A CNI call as the agent sees it, validated again on arrival (the shim's
-validators: the socket is root-only but not trusted blindly)."""
+"""A CNI call as the agent sees it, validated on arrival with the shim's validators
+(the socket is root-only but not trusted blindly).
+
+Two senders, two forms of one message:
+
+- the node's static forwarder (``cni/forwarder``, what nodes run): ``{"command",
+  "env" (every CNI_* variable), "stdin" (the network configuration as sent, or
+  "stdin_base64" when it is not UTF-8)}``, unexamined: the whole validation of the
+  call (:func:`cni.shim.build_request`) happens here;
+- the Python shim (``cni/shim.py``): ``{"command", "env", "args", "config"}``,
+  already validated by the shim, validated again.
+"""
 
 from __future__ import annotations
 
+import base64
+import binascii
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,6 +23,7 @@ from cni.shim import (
     ERR_DECODING,
     ERR_INVALID_ENV,
     CNIError,
+    build_request,
     parse_cni_args,
     validate_config,
     validate_env,
@@ -63,10 +76,33 @@ def short(text: str, limit: int = 16) -> str:
     return sanitize(text, limit)
 
 
+def forwarded_stdin(message: object) -> bytes | None:
+    """The network configuration of a forwarder's message as the runtime sent it; None
+    for the shim's form. A ``stdin_base64`` that is not base64 is code 6."""
+    if not isinstance(message, dict):
+        return None
+    if isinstance(message.get("stdin"), str):
+        return str(message["stdin"]).encode("utf-8", "surrogatepass")
+    encoded = message.get("stdin_base64")
+    if encoded is None:
+        return None
+    try:
+        return base64.b64decode(str(encoded), validate=True)
+    except binascii.Error as exc:
+        raise CNIError(ERR_DECODING, "stdin_base64 is not base64", str(exc)) from None
+
+
 def parse_request(message: object) -> CNIRequest:
-    """Re-validate what the shim sent; the socket is root-only but not trusted blindly."""
+    """Validate a forwarder's call, or re-validate what the shim sent."""
     if not isinstance(message, dict):
         raise CNIError(ERR_DECODING, "request must be a JSON object")
+    raw = forwarded_stdin(message)
+    if raw is not None:
+        env = message.get("env")
+        if not isinstance(env, dict):
+            raise CNIError(ERR_INVALID_ENV, "request has no env object")
+        call = build_request(str(message.get("command") or ""), _strings(env), raw)
+        return CNIRequest(call["command"], call["env"], call["args"], call["config"])
     command = message.get("command")
     env = message.get("env")
     if command not in COMMANDS or not isinstance(env, dict):
@@ -75,3 +111,7 @@ def parse_request(message: object) -> CNIRequest:
     clean_env = validate_env(str(command), {str(k): str(v) for k, v in env.items()})
     args = parse_cni_args(clean_env.get("CNI_ARGS", ""))
     return CNIRequest(str(command), clean_env, args, config)
+
+
+def _strings(env: dict[object, object]) -> dict[str, str]:
+    return {str(k): str(v) for k, v in env.items()}

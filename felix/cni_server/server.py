@@ -19,9 +19,10 @@ from cni.shim import (
     ERR_DECODING,
     MAX_MESSAGE,
     CNIError,
+    caller_version,
 )
 from felix.cni_server.handlers import DEFAULT_MTU, CNIHandlers
-from felix.cni_server.request import parse_request
+from felix.cni_server.request import forwarded_stdin, parse_request
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,9 @@ def answer(handlers: CNIHandlers, raw: bytes) -> dict[str, Any]:
             message = json.loads(raw)
         except ValueError as exc:
             raise CNIError(ERR_DECODING, "request is not JSON", str(exc)) from None
+        stdin = forwarded_stdin(message)
+        if stdin is not None:  # errors speak the caller's version, as the shim's did
+            version = caller_version(stdin)
         request = parse_request(message)
         version = request.version
         return {"result": handlers.handle(request)}

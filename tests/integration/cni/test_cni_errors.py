@@ -1,9 +1,10 @@
 """CNI error codes as a runtime reads them (issue 21 item 8).
 
-The plugin is installed with :func:`cni.install.install_plugin` (launcher +
-compiled shim, as the DaemonSet's init container does) and run as a runtime
-runs it: its path executed inside the node namespace, with the CNI_*
-environment and the network config on stdin. The agent is the real one
+The plugin is the static forwarder (``cni/forwarder``, what nodes run) or, as the
+reference it keeps the rules of, the Python shim installed with
+:func:`cni.install.install_plugin`; each is run as a runtime runs it: its path
+executed inside the node namespace, with the CNI_* environment and the network
+config on stdin. The agent is the real one
 (``python -m felix.cni_server`` in a node namespace this test owns); the
 "killed mid-answer" cases add a fake agent that accepts, reads and hangs up.
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -149,11 +151,26 @@ class Node:
         return self.finish(self.start(env, raw), raw)
 
 
-@pytest.fixture
-def node(tmp_path: Path) -> Iterator[Node]:
+def forwarder_binary() -> Path:
+    """The static forwarder (cni/forwarder), built by hack/build-cni.sh if missing."""
+    built = subprocess.run(
+        [str(REPO / "hack" / "build-cni.sh")], capture_output=True, text=True, check=True
+    )
+    return Path(built.stdout.strip())
+
+
+@pytest.fixture(params=["forwarder", "shim"])
+def node(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Node]:
+    """A node whose plugin is the static forwarder (what nodes run) or the Python shim
+    (the reference the forwarder keeps the rules of): every test runs against both."""
     tag = secrets.token_hex(3)
     name, pod = f"tbt-{tag}-node", f"tbt-{tag}-pod"
-    plugin = install_plugin(tmp_path / "bin", python=PYTHON)
+    if request.param == "shim":
+        plugin = install_plugin(tmp_path / "bin", python=PYTHON)
+    else:
+        plugin = tmp_path / "bin" / "tabby"
+        plugin.parent.mkdir()
+        shutil.copy(forwarder_binary(), plugin)
     n = Node(name, plugin, str(tmp_path / "run" / "cni.sock"), pod, tmp_path / "agent.log")
     try:
         netns.add(name)
@@ -190,7 +207,7 @@ def assert_spec_error(answer: Answer, code: int, *words: str) -> None:
 def fake_agent(path: str, reply: bytes) -> Callable[[], None]:
     """Accept one call, read the whole request, send *reply* (maybe b"") and hang up.
 
-    What the shim sees when the agent is killed after reading the request: an
+    What the plugin sees when the agent is killed after reading the request: an
     end of stream with no answer or a cut-off one. Returns a join function.
     """
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -302,7 +319,11 @@ def test_netns_that_is_not_a_network_namespace(node: Node, tmp_path: Path, kind:
 
 @pytest.mark.parametrize("command", ["ADD", "DEL", "CHECK", "VERSION"])
 def test_json_nested_100000_deep_is_a_decoding_error(node: Node, command: str) -> None:
-    deep = b'{"cniVersion": "1.0.0", "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    # The agent's socket named first, as a conflist does: the forwarder finds it at any
+    # depth and the agent refuses the rest (the shim refuses it before any call).
+    sock = json.dumps(node.sock).encode()
+    deep = b'{"cniVersion": "1.0.0", "agent_socket": ' + sock + b', "x": '
+    deep += b"[" * 100_000 + b"]" * 100_000 + b"}"
     answer = node.call(node.env(command), deep)
     if command == "VERSION":  # VERSION answers without reading the config
         assert answer.rc == 0 and "supportedVersions" in answer.out, answer

@@ -1,0 +1,3 @@
+module tabby.dev/cni/forwarder
+
+go 1.22
