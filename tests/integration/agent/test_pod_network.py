@@ -7,12 +7,11 @@ import json
 import stat
 import subprocess
 import sys
-import time
 
 from datastore import kinds
 from datastore.models import BlockAffinity, IPAMHandle, IPPool
 from lab import netns
-from tests.helpers import wait_for
+from tests.helpers import settles, wait_for
 from tests.integration.agent.conftest import AgentNode, create_pod
 
 
@@ -115,21 +114,28 @@ def test_a_failed_add_is_reported_to_the_pod_owner_as_an_event(agent_node: Agent
         pool.spec.disabled = True  # no pool may serve: ADD must fail, and say so
         ds.update(pool)
     pod_ns = _pod_ns(agent_node, "starved")
-    deadline = time.monotonic() + 30
-    code, answer = agent_node.cni("ADD", "5ad0001", pod_ns, pod=("default", "starved"))
-    while code == 0 and time.monotonic() < deadline:  # the agent's cache may lag a moment
-        agent_node.cni("DEL", "5ad0001", pod_ns, pod=("default", "starved"))
-        time.sleep(0.5)
+    answers: list[tuple[int, dict[str, object]]] = []
+
+    def refused_for_want_of_a_pool() -> bool:
+        """One ADD. Until the agent's pool cache shows every pool disabled it may still
+        succeed (then it is undone), and the ADD after that DEL may be told to try again
+        while the DEL's deferred teardown runs (code 11 naming the interface): both are
+        passing states, so each attempt is judged, not only the first failure."""
         code, answer = agent_node.cni("ADD", "5ad0001", pod_ns, pod=("default", "starved"))
-    assert code != 0 and answer["code"] == 11 and "pool" in answer["msg"]
+        answers.append((code, answer))
+        if code == 0:
+            agent_node.cni("DEL", "5ad0001", pod_ns, pod=("default", "starved"))
+        return code != 0 and answer.get("code") == 11 and "pool" in str(answer.get("msg"))
+
+    refused = settles(refused_for_want_of_a_pool, timeout=60, interval=0.3)
+    assert refused, f"no ADD refused for want of a pool; the last answers: {answers[-5:]}"
 
     def events() -> list[dict[str, object]]:
         items, _ = ds.list_raw(kinds.EVENT, "default")
         return [e for e in items if e["involvedObject"]["name"] == "starved"]
 
-    while not events() and time.monotonic() < deadline:
-        time.sleep(0.2)
-    event = events()[0]
+    wait_for(lambda: bool(events()), timeout=30, what="an Event on the starved pod")
+    event = next(e for e in events() if "no IP pool can serve" in str(e["message"]))
     assert event["reason"] == "FailedCreatePodNetwork" and event["type"] == "Warning"
     assert "no IP pool can serve" in str(event["message"])
     assert "cali" not in netns.ip(agent_node.node.netns, "link", "show")  # nothing half-wired
