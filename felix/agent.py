@@ -44,7 +44,7 @@ from datastore.incluster import choose_kubeconfig
 from datastore.informer import Handlers, Informer, object_key, without_managed_fields
 from datastore.models import IPPool
 from felix import logs
-from felix.bgp_guard import DEFAULT_POD_TO_NODE_BGP, node_addresses, parse_pod_to_node_bgp
+from felix.bgp_guard import DEFAULT_POD_TO_NODE_BGP, NodeAddresses, parse_pod_to_node_bgp
 from felix.cni_server import (
     ANNOTATION_CONTAINER_ID,
     ANNOTATION_POD_IP,
@@ -311,6 +311,7 @@ class Agent:
         self.policy_sync_changes = ChangedKeys()
         self._node_missing = False  # our Node object was absent on the last pass
         self.allocator: IPAMAllocator | None = None
+        self._node_addresses = NodeAddresses()  # the BGP guard's set, parsed on change
         self.ipam_owners = IPAMOwners(on_invalid=self.metrics.invalid_objects.inc)
         self._retries: dict[str, tuple[int, str]] = {}  # pass -> (failures in a row, error)
 
@@ -391,7 +392,7 @@ class Agent:
                 address_book=lambda: self.ipam_owners.book(self._objects("blocks")),
                 fetch_pod=self._fetch_pod,
                 pools=self._pool_nat,
-                hosts=lambda: node_addresses(self._objects("nodes")),
+                hosts=lambda: self._node_addresses(self._objects("nodes")),
             )
             self.realization = RealizationReporter(
                 self.datastore,

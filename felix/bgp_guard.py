@@ -76,6 +76,30 @@ def node_addresses(nodes: Iterable[Mapping[str, Any]]) -> frozenset[str]:
     return frozenset(found)
 
 
+class NodeAddresses:
+    """:func:`node_addresses`, recomputed only when some Node's resourceVersion changed.
+
+    The policy manager asks on every dataplane pass, an ADD's included; reading the
+    versions costs a pass far less than parsing every node's addresses again.
+    """
+
+    def __init__(self) -> None:
+        self._key: tuple[tuple[str, str], ...] | None = None
+        self._value: frozenset[str] = frozenset()
+
+    def __call__(self, nodes: Iterable[Mapping[str, Any]]) -> frozenset[str]:
+        listed = list(nodes)
+        key = tuple(_version(node) for node in listed)
+        if key != self._key:
+            self._key, self._value = key, node_addresses(listed)
+        return self._value
+
+
+def _version(node: Mapping[str, Any]) -> tuple[str, str]:
+    meta = node.get("metadata") or {}
+    return str(meta.get("name", "")), str(meta.get("resourceVersion", ""))
+
+
 def _ipv4(raw: object) -> list[str]:
     """The address of ``10.0.0.1`` or ``10.0.0.1/24`` as a one-item list; [] if not IPv4."""
     if not isinstance(raw, str):

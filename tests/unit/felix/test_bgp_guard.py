@@ -109,3 +109,22 @@ def test_the_switch_parses_any_case_and_refuses_anything_else(
     with pytest.raises(SystemExit):
         parse_args(base)
     assert "pod-to-node BGP must be Drop" in capsys.readouterr().err
+
+
+def test_node_addresses_are_parsed_again_only_when_a_node_changed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from felix import bgp_guard
+
+    parsed: list[int] = []
+    real = bgp_guard.node_addresses
+    monkeypatch.setattr(bgp_guard, "node_addresses", lambda nodes: parsed.append(1) or real(nodes))
+    cache = bgp_guard.NodeAddresses()
+    node = _node([{"type": "InternalIP", "address": "172.31.0.11"}], {})
+    node["metadata"]["resourceVersion"] = "1"
+    assert cache([node]) == {"172.31.0.11"}
+    assert cache([node]) == {"172.31.0.11"} and len(parsed) == 1  # the same version: cached
+    changed = _node([{"type": "InternalIP", "address": "172.31.0.12"}], {})
+    changed["metadata"]["resourceVersion"] = "2"
+    assert cache([changed]) == {"172.31.0.12"} and len(parsed) == 2
+    assert cache([]) == frozenset() and len(parsed) == 3  # a node gone
