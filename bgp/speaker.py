@@ -288,6 +288,9 @@ class Speaker:
         self._last_status: dict[str, Any] | None = None  # as last written, less "updated"
         self._last_peers: list[tuple[str, str]] | None = None  # (address, state) as last told
         self._config_text: str | None = None
+        # A config change while ExaBGP starts: SIGUSR1 would kill it before its handler
+        # is installed, so the reload waits until its API helper attaches.
+        self._reload_owed = False
         self._stop = threading.Event()
         self._conn: _Writer | None = None  # ExaBGP's command pipe, from the helper
         self._helper: socket.socket | None = None
@@ -345,6 +348,9 @@ class Speaker:
         with self._lock:
             self._send(self.core.set_plan(plan))
             changed = self._write_config(plan)
+            if changed and self._conn is None:
+                self._reload_owed = True
+                changed = False
             proc = self._proc
         if changed and proc is not None and proc.poll() is None:
             proc.send_signal(signal.SIGUSR1)
@@ -443,6 +449,7 @@ class Speaker:
             )
         with self._lock:
             self._proc = proc
+            self._reload_owed = False  # it reads the file as it is now
         self._write_pidfile(proc.pid)
         self._write_status()
         return proc
@@ -574,9 +581,13 @@ class Speaker:
             return self.core.synced()
 
     def _attach(self, conn: _Writer) -> None:
+        """ExaBGP's helper is up, so its signal handlers are: an owed reload goes now."""
         with self._lock:
             self._conn = conn
             self._send(self.core.resync())
+            proc, owed, self._reload_owed = self._proc, self._reload_owed, False
+        if owed and proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGUSR1)
 
     def _read(self, sel: selectors.BaseSelector) -> None:
         """ExaBGP's events, straight from its pipe; handled as one batch per read."""

@@ -311,3 +311,20 @@ def test_agent_restart_changes_no_route(lab: Lab, tmp_path: Path) -> None:
     assert len(samples) >= 3  # each sample opens netlink in two namespaces: slow-ish
     assert all(ok_b and ok_a for ok_b, ok_a in samples), samples
     assert at_b in restarted.kernel()
+
+
+def test_a_change_while_exabgp_starts_is_applied_without_killing_it(
+    lab: Lab, tmp_path: Path
+) -> None:
+    """A peer added while ExaBGP is still starting (as at every agent start: the Nodes
+    arrive right after) is a reload owed, not a SIGUSR1 into a process whose handler
+    is not installed yet, which killed it (-10) and cost a restart."""
+    lab.add_node("a", 1)
+    lab.add_node("b", 2)
+    a = start_agent(lab, tmp_path, "a", nodes=[node("a", "10.99.0.1/24")], blocks=["10.244.1.0/26"])
+    wait_for(lambda: a.speaker.pid is not None, what="a's ExaBGP started")
+    a.update(nodes=two_nodes())  # at once: a's ExaBGP is still importing
+    b = start_agent(lab, tmp_path, "b", nodes=two_nodes(), blocks=["10.244.2.0/26"])
+    wait_for(lambda: "10.244.1.0/26 via 10.99.0.1 proto 81" in b.kernel(), what="a's block at b")
+    wait_for(lambda: "10.244.2.0/26 via 10.99.0.2 proto 81" in a.kernel(), what="b's block at a")
+    assert a.speaker.restarts == 0, (tmp_path / "a" / "exabgp.log").read_text()[-2000:]
