@@ -51,7 +51,7 @@ test-nodes: venv images
 
 # The README's test command: installs what is missing, lints, then runs both tiers.
 test: deps venv build images lint
-	$(PYTEST) tests/unit tests/integration -q --durations=15
+	$(PYTEST) tests/unit tests/integration -q --durations=25
 
 # The upstream suites on a fresh 3-node real-node lab: the e2e Netpol focus, the
 # Services specs, cyclonus by pod IP and by Service IP; then the Services specs on a

@@ -318,6 +318,10 @@ class KubeCluster(PodLab[KubePod]):
     def namespaces(self) -> list[str]:
         return self.lab.namespaces() if self.lab else []
 
+    def owns_cgroup(self, name: str) -> bool:
+        """A top-level cgroup of this lab's nodes (kubelet's and containerd's roots)."""
+        return self.lab is not None and name.startswith(f"tabby-{self.lab.lab_id}-")
+
     def state_prefix(self) -> str:
         return str(self.lab.state_dir) if self.lab else "/nonexistent"
 

@@ -1,8 +1,9 @@
 """Integration tier: real kube-apiserver + etcd, real network namespaces, root.
 
-Every test here is checked to leave no network namespace, mount or child process
-behind (beyond the session's control plane), before and after it runs, and to leave
-the host's own links and routes as they were. When several test sessions share the
+Every test here is checked to leave no network namespace, mount, cgroup or child
+process behind (beyond the session's control plane), before and after it runs, and
+to leave the host's own links and routes, and its cgroup mounts' options (a
+container once remounted them read-only), as they were. When several test sessions share the
 machine, TABBY_LEFTOVER_CHECK=own limits the namespace check to this process's own.
 """
 
@@ -93,6 +94,25 @@ def _mounts() -> set[str]:
     return {line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()}
 
 
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+def _cgroups() -> set[str]:
+    """Each cgroup hierarchy's top-level cgroups (where labs and runtimes make theirs,
+    the unified one included), and every cgroup mount with its options."""
+    found = set()
+    for hierarchy in CGROUP_ROOT.iterdir() if CGROUP_ROOT.is_dir() else ():
+        try:
+            found |= {f"{hierarchy.name}/{c.name}" for c in hierarchy.iterdir() if c.is_dir()}
+        except OSError:
+            continue
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        fields = line.split()
+        if fields[4].startswith(str(CGROUP_ROOT)):
+            found.add(f"mount {fields[4]} {fields[5]}")
+    return found
+
+
 @pytest.fixture(scope="session", autouse=True)
 def netns_dir_prepared() -> None:
     """/run/netns mounted before the first leftover snapshot (see prepare_netns_dir)."""
@@ -120,7 +140,7 @@ def no_leftovers(request: pytest.FixtureRequest) -> Iterator[None]:
     """Fail a test that leaves a namespace, a mount or a process behind."""
     me = os.getpid()
     netns_before, mounts_before, kids_before = set(list_netns()), _mounts(), _children(me)
-    host_before = _host_network()
+    host_before, cgroups_before = _host_network(), _cgroups()
     yield
     # Session fixtures (the control plane) may start between before and after.
     # One snapshot of the process table for both sides: a lab's runtime starts and
@@ -133,6 +153,8 @@ def no_leftovers(request: pytest.FixtureRequest) -> Iterator[None]:
             allowed |= {pid, *_children(pid, tree)}
     new_netns = set(list_netns()) - netns_before
     new_mounts = _mounts() - mounts_before
+    cgroups_after = _cgroups()
+    new_cgroups, lost_cgroups = cgroups_after - cgroups_before, cgroups_before - cgroups_after
     if "kube_cluster" in request.fixturenames:
         # A module's real-node lab outlives each test; its own teardown checks it.
         lab = request.getfixturevalue("kube_cluster")
@@ -140,6 +162,8 @@ def no_leftovers(request: pytest.FixtureRequest) -> Iterator[None]:
             allowed |= {pid, *_children(pid, tree)}
         new_netns -= set(lab.namespaces())
         new_mounts = {m for m in new_mounts if not m.startswith(lab.state_prefix())}
+        new_cgroups = {c for c in new_cgroups if not lab.owns_cgroup(c.split("/", 1)[-1])}
+        lost_cgroups = {c for c in lost_cgroups if not lab.owns_cgroup(c.split("/", 1)[-1])}
     if os.environ.get("TABBY_LEFTOVER_CHECK") == "own":
         # Another test session shares this machine (parallel development): judge
         # namespaces by name only for those this process created.
@@ -150,5 +174,7 @@ def no_leftovers(request: pytest.FixtureRequest) -> Iterator[None]:
     }
     assert not new_netns, f"test left network namespaces behind: {sorted(new_netns)}"
     assert not new_mounts, f"test left mounts behind: {sorted(new_mounts)}"
+    assert not new_cgroups, f"test left cgroups or changed cgroup mounts: {sorted(new_cgroups)}"
+    assert not lost_cgroups, f"test removed cgroups or cgroup mounts: {sorted(lost_cgroups)}"
     assert not new_kids, f"test left processes behind: {_described(new_kids)}"
     assert _host_network() == host_before, "test changed the host's own links or routes"

@@ -1,11 +1,16 @@
 """Real-node tier: kubelet, containerd and kube-proxy per node, Tabby from manifests/.
 
-One lab serves a whole test module (bringing it up takes about a minute); the
-tier's leftover check allows that lab's daemons, namespaces and mounts while it
-runs, and the fixture's teardown must then remove all of them. The check finds
-the lab by its fixture name: a module that needs another lab overrides
-`kube_cluster` itself (test_lifecycle.py), never under another name, or a CNI call
-containerd happens to run at a test's end is reported as the test's leftover.
+A lab takes about 45 s to bring up, so modules share them: each module names the lab
+it needs (a `KubeSpec`), the tier keeps the last one running, and the next module
+that asks for the same spec gets it as it was left (modules therefore use namespaces
+of their own). The modules are ordered so that equal specs follow each other, and
+test_lifecycle.py, which deletes a node and replaces agents, runs last on its lab.
+
+The tier's leftover check allows the running lab's daemons, namespaces, mounts and
+cgroups; it finds the lab by its fixture name, so a module that needs another lab
+overrides `kube_cluster` itself (through `shared_lab`), never under another name, or
+a CNI call containerd happens to run at a test's end is reported as the test's
+leftover. The last lab is removed, and checked gone, when the tier ends.
 """
 
 from __future__ import annotations
@@ -22,22 +27,69 @@ import yaml
 
 from lab.kubecluster import KubeCluster, KubeSpec
 
+# Modules in the order their labs allow sharing (the rest keep pytest's order, first).
+LAST_MODULES = ("test_services.py", "test_lifecycle.py")
 
-def kube_lab(tmp_path_factory: pytest.TempPathFactory, spec: KubeSpec) -> Iterator[KubeCluster]:
-    workdir = tmp_path_factory.mktemp("kubelab")
-    cluster = KubeCluster.up(workdir, spec)
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """real_nodes and services[iptables] share a lab, services[nftables] and lifecycle
+    another; lifecycle, which deletes a node, comes last. (The hook sees the whole
+    session's items: only this tier's are reordered, in the places they held.)"""
+    del config
+    here = Path(__file__).parent
+    places = [i for i, item in enumerate(items) if item.path.parent == here]
+
+    def rank(item: pytest.Item) -> int:
+        name = item.path.name
+        return LAST_MODULES.index(name) + 1 if name in LAST_MODULES else 0
+
+    ordered = sorted((items[i] for i in places), key=rank)  # stable within a module
+    for place, item in zip(places, ordered, strict=True):
+        items[place] = item
+
+
+class LabPool:
+    """At most one running lab, kept for the next module that asks for its spec."""
+
+    def __init__(self, tmp_path_factory: pytest.TempPathFactory) -> None:
+        self.tmp_path_factory = tmp_path_factory
+        self.spec: KubeSpec | None = None
+        self.cluster: KubeCluster | None = None
+
+    def get(self, spec: KubeSpec) -> KubeCluster:
+        if self.cluster is not None and self.spec == spec:
+            return self.cluster
+        self.close()
+        self.cluster = KubeCluster.up(self.tmp_path_factory.mktemp("kubelab"), spec)
+        self.spec = spec
+        return self.cluster
+
+    def close(self) -> None:
+        cluster, self.cluster, self.spec = self.cluster, None, None
+        if cluster is not None:
+            cluster.down()
+            assert not cluster.lab or not cluster.lab.namespaces(), "lab namespaces left"
+
+
+@pytest.fixture(scope="package")
+def lab_pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabPool]:
+    pool = LabPool(tmp_path_factory)
     try:
-        yield cluster
+        yield pool
     finally:
-        cluster.down()
-        assert not cluster.lab or not cluster.lab.namespaces(), "lab namespaces left"
+        pool.close()
+
+
+def shared_lab(pool: LabPool, spec: KubeSpec) -> Iterator[KubeCluster]:
+    """The module's lab: the running one when its spec matches."""
+    yield pool.get(spec)
 
 
 @pytest.fixture(scope="module")
-def kube_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubeCluster]:
+def kube_cluster(lab_pool: LabPool) -> Iterator[KubeCluster]:
     """Three real nodes on one subnet with Tabby installed from manifests/."""
     nodes = int(os.environ.get("TABBY_TEST_NODES", "3"))
-    yield from kube_lab(tmp_path_factory, KubeSpec(nodes=nodes))
+    yield from shared_lab(lab_pool, KubeSpec(nodes=nodes))
 
 
 def sandbox_state_dir(cluster: KubeCluster) -> Path:

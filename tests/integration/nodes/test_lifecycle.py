@@ -25,15 +25,16 @@ import pytest
 from datastore import kinds
 from lab.kubecluster import TABBY_NAMESPACE, KubeCluster, KubeSpec
 from tests.helpers import settles
-from tests.integration.nodes.conftest import kube_lab, service_answers, web_service
+from tests.integration.nodes.conftest import LabPool, service_answers, shared_lab, web_service
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
-def kube_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubeCluster]:
-    """Three real nodes, kube-proxy in nftables mode."""
-    yield from kube_lab(tmp_path_factory, KubeSpec(nodes=3, proxy_mode="nftables"))
+def kube_cluster(lab_pool: LabPool) -> Iterator[KubeCluster]:
+    """Three real nodes, kube-proxy in nftables mode: test_services.py's second lab,
+    which this module ends (it deletes a node)."""
+    yield from shared_lab(lab_pool, KubeSpec(nodes=3, proxy_mode="nftables"))
 
 
 def test_a_clusterip_service_works_with_kube_proxy_in_nftables_mode(
@@ -255,15 +256,20 @@ def test_a_deleted_node_is_cleaned_up_and_rejoins(kube_cluster: KubeCluster) -> 
         "tabby-controllers did not release the deleted node's affinities"
     )
 
-    # As after a reinstall, and whatever the timing: the pod GC has deleted the pods
-    # bound to the deleted Node (tabby-node's among them) before it registers again,
-    # so kubelet tears them down and the DaemonSet starts a new agent.
+    # As after a reinstall, and whatever the timing: the pods bound to the deleted Node
+    # (tabby-node's among them) are gone before it registers again, so kubelet tears
+    # them down and the DaemonSet starts a new agent. The operator deletes them, as the
+    # pod GC would after its fixed 40 s quarantine.
     def pods_on(node: str) -> list[str]:
         items = _json(
             kube_cluster, "get", "pods", "-A", "--field-selector", f"spec.nodeName={node}"
         )
         return [f"{p['metadata']['namespace']}/{p['metadata']['name']}" for p in items["items"]]
 
+    kube_cluster.kubectl(
+        "delete", "pods", "-A", "--field-selector", f"spec.nodeName={gone}",
+        "--force", "--grace-period=0", "--wait=false",
+    )  # fmt: skip
     assert settles(lambda: not pods_on(gone), timeout=150), pods_on(gone)
     kube_node.start_kubelet()
     kube_node.wait_ready(kube_cluster.kubectl_argv(), timeout=120)

@@ -23,11 +23,11 @@ import pytest
 
 from lab.kubecluster import KubeCluster, KubeSpec
 from tests.helpers import settles
-from tests.integration.nodes.conftest import kube_lab, service_answers, web_service
+from tests.integration.nodes.conftest import LabPool, service_answers, shared_lab, web_service
 
 pytestmark = pytest.mark.integration
 
-NS = "svc"
+NS = "proxy"  # the lab is shared with other modules: a namespace of our own
 REFUSED_WITHIN_S = 0.1
 
 # Run in the pod's netns: connect once, print "<errno name> <seconds>".
@@ -48,11 +48,11 @@ print(name, time.monotonic() - t)
 
 
 @pytest.fixture(scope="module", params=["iptables", "nftables"])
-def kube_cluster(
-    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
-) -> Iterator[KubeCluster]:
-    """Two real nodes, kube-proxy in the given mode, Tabby with its default settings."""
-    yield from kube_lab(tmp_path_factory, KubeSpec(nodes=2, proxy_mode=request.param))
+def kube_cluster(lab_pool: LabPool, request: pytest.FixtureRequest) -> Iterator[KubeCluster]:
+    """Three real nodes, kube-proxy in the given mode, Tabby with its default settings:
+    test_real_nodes.py's lab, then test_lifecycle.py's (namespace `proxy` is this
+    module's own)."""
+    yield from shared_lab(lab_pool, KubeSpec(nodes=3, proxy_mode=request.param))
 
 
 def _apply(cluster: KubeCluster, body: dict[str, object]) -> None:
