@@ -14,7 +14,6 @@ Two senders, two forms of one message:
 from __future__ import annotations
 
 import base64
-import binascii
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,9 +85,11 @@ def forwarded_stdin(message: object) -> bytes | None:
     encoded = message.get("stdin_base64")
     if encoded is None:
         return None
+    if not isinstance(encoded, str):
+        raise CNIError(ERR_DECODING, "stdin_base64 is not base64", "not a string")
     try:
-        return base64.b64decode(str(encoded), validate=True)
-    except binascii.Error as exc:
+        return base64.b64decode(encoded, validate=True)
+    except ValueError as exc:  # binascii.Error, or a non-ASCII character
         raise CNIError(ERR_DECODING, "stdin_base64 is not base64", str(exc)) from None
 
 

@@ -3,10 +3,14 @@ unless it is a valid call, and none of which stops the agent answering.
 
 Calls are built from a valid ADD by mutations (a variable dropped or replaced by
 any text, path tricks and over-long values included; a config field dropped or given
-any JSON value; unknown fields; the stdin cut short or replaced by bytes), run through
-the real shim (``shim.run``, in process) to a real CNI server and handlers (the
-kernel faked, a pool allocator, an ADD journal). Raw messages are also written
-straight to the server's socket, as any local root process could. Each call either:
+any JSON value; unknown fields; the stdin cut short or replaced by bytes) and made
+twice: through the static executable nodes run (``cni/forwarder``, a process per
+call with exactly the call's environment: ``node_exec.py``) and through the Python
+shim (``shim.run``, in process, the reference whose rules the executable keeps), to
+a real CNI server and handlers (the kernel faked, a pool allocator, an ADD journal).
+Both must give the same answer. Raw messages are also written straight to the
+server's socket, as any local root process could, in every form it reads (the
+forwarder's ``{command, env, stdin}`` included). Each call either:
 
 - is rejected: spec error JSON with a code and a message, and the allocator's
   handles, the endpoint table, the journal and the (fake) kernel are as before; or
@@ -19,8 +23,9 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,10 +34,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cni import shim
+from cni.shim import ERR_INTERNAL
 from felix import wiring
 from felix.cni_server import AddJournal, CNIHandlers, CNIServer
 from felix.pool_allocator import PoolAllocator
+from tests.unit.cni.node_exec import NodeExec, as_environment, can_unshare
 from tests.unit.cni.test_cni_server import FakeKernel
+
+REPO = Path(__file__).resolve().parents[3]
+Plugin = Callable[[dict[str, str], bytes], tuple[int, str]]
 
 NETNS = "/proc/self/ns/net"  # a network namespace everywhere (the shim checks its type)
 ENV_KEYS = ("CNI_COMMAND", "CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME", "CNI_ARGS", "CNI_PATH")
@@ -164,9 +174,52 @@ def _is_spec_error(answer: Any) -> bool:
     )
 
 
-def test_generated_calls_are_rejected_cleanly_or_valid_and_harmless(world: World) -> None:
+@pytest.fixture
+def executable(world: World) -> Iterator[NodeExec]:
+    """The static forwarder as hack/build-cni.sh builds it (make build), run on a
+    stand-in node whose default agent socket is the world's server."""
+    if not can_unshare():
+        pytest.skip("running the executable as a node does needs root (a mount namespace)")
+    built = subprocess.run(
+        [str(REPO / "hack" / "build-cni.sh")], capture_output=True, text=True, check=True
+    )
+    node = NodeExec(Path(built.stdout.strip()), world.server.path)
+    try:
+        yield node
+    finally:
+        node.close()
+
+
+def _outcome(world: World, clean: Any, plugin: Plugin, env: dict[str, str], stdin: bytes) -> str:
+    """One call's verdict ("code N: msg" or "accepted COMMAND"), after checking that a
+    refusal changed nothing and that an accepted ADD is undone by its DEL."""
+    rc, out = plugin(env, stdin)
+    answer: Any = json.loads(out) if out else None
+    if rc != 0:
+        assert _is_spec_error(answer), (env, stdin, out)
+        assert world.state() == clean, (env, stdin, answer)
+        return f"code {answer['code']}: {answer['msg']}"
+    command = env.get("CNI_COMMAND")
+    if command == "ADD":
+        assert answer["ips"], answer
+        undo, _ = plugin({**env, "CNI_COMMAND": "DEL"}, stdin)
+        assert undo == 0
+        assert world.handlers.teardowns.drain()
+    assert world.state() == clean, (env, stdin, answer)
+    return f"accepted {command}"
+
+
+def test_generated_calls_are_refused_alike_by_the_executable_and_the_shim(
+    world: World, executable: NodeExec
+) -> None:
     counts: Counter[str] = Counter()
     clean = world.state()
+    differences: list[str] = []
+
+    def through_executable(env: dict[str, str], stdin: bytes) -> tuple[int, str]:
+        environment = as_environment(env)
+        assert environment is not None
+        return executable.run(environment, stdin)
 
     @settings(
         max_examples=600,
@@ -178,39 +231,48 @@ def test_generated_calls_are_rejected_cleanly_or_valid_and_harmless(world: World
     def one(call: tuple[dict[str, str], bytes, str]) -> None:
         env, stdin, _ = call
         counts["tried"] += 1
-        rc, out = shim.run(env, stdin)
-        answer: Any = json.loads(out) if out else None
-        if rc != 0:
-            assert _is_spec_error(answer), (env, stdin, out)
-            assert world.state() == clean, (env, stdin, answer)
-            counts["rejected"] += 1
-            counts[f"code {answer['code']}"] += 1
+        reference = _outcome(world, clean, shim.run, env, stdin)
+        counts[reference.split(":")[0]] += 1
+        counts["rejected" if reference.startswith("code") else "accepted"] += 1
+        if as_environment(env) is None:
+            counts["no process environment can hold (NUL, lone surrogate)"] += 1
             return
-        counts["accepted"] += 1
-        command = env.get("CNI_COMMAND")
-        counts[f"accepted {command}"] += 1
-        if command == "ADD":
-            assert answer["ips"], answer
-            undo, _ = shim.run({**env, "CNI_COMMAND": "DEL"}, stdin)
-            assert undo == 0
-            assert world.handlers.teardowns.drain()
-        assert world.state() == clean, (env, stdin, answer)
+        counts["through the executable"] += 1
+        verdict = _outcome(world, clean, through_executable, env, stdin)
+        if verdict != reference:
+            differences.append(f"{env!r} {stdin[:120]!r}: shim {reference!r}, exe {verdict!r}")
 
     one()
-    # the agent still serves a valid call after the corpus
+    assert not differences, "\n".join(differences[:20]) + f"\n({len(differences)} in all)"
+    # the agent still serves a valid call after the corpus, through both
     env, config = valid_call(world.server.path)
-    rc, out = shim.run(env, json.dumps(config).encode())
-    assert rc == 0 and json.loads(out)["ips"]
+    for plugin in (through_executable, shim.run):
+        assert _outcome(world, clean, plugin, env, json.dumps(config).encode()) == "accepted ADD"
     print(f"\ncorpus: {dict(sorted(counts.items()))}")
     assert counts["tried"] >= 500 and counts["rejected"] > counts["accepted"] > 0
+    assert counts["through the executable"] >= 0.9 * counts["tried"], counts
 
 
+COMMAND = st.sampled_from([*shim.COMMANDS, "", "EXEC"]) | TEXT
+# The forwarder's form: every CNI_* variable and the configuration as sent.
+FORWARDED_ENV = st.dictionaries(
+    st.sampled_from([*ENV_KEYS, "CNI_OTHER", "PATH"]) | st.text(max_size=8),
+    TEXT | JSON_VALUES,
+    max_size=7,
+)
 RAW = st.one_of(
     st.binary(max_size=300),
     JSON_VALUES.map(lambda v: json.dumps(v).encode()),
     st.fixed_dictionaries(
-        {"command": st.sampled_from([*shim.COMMANDS, "", "EXEC"]) | TEXT},
+        {"command": COMMAND},
         optional={"env": JSON_VALUES, "config": JSON_VALUES, "args": JSON_VALUES},
+    ).map(lambda v: json.dumps(v).encode()),
+    st.fixed_dictionaries(
+        {"command": COMMAND, "env": FORWARDED_ENV | JSON_VALUES},
+        optional={
+            "stdin": TEXT | JSON_VALUES,
+            "stdin_base64": TEXT | st.binary(max_size=200).map(lambda b: b.hex()),
+        },
     ).map(lambda v: json.dumps(v).encode()),
 )
 
@@ -233,7 +295,7 @@ def test_raw_messages_on_the_socket_never_change_state_or_stop_the_server(
     counts: Counter[str] = Counter()
     clean = world.state()
 
-    @settings(max_examples=400, deadline=None, database=None)
+    @settings(max_examples=600, deadline=None, database=None)
     @given(RAW)
     def one(data: bytes) -> None:
         counts["tried"] += 1
@@ -242,7 +304,9 @@ def test_raw_messages_on_the_socket_never_change_state_or_stop_the_server(
         if "error" in answer:
             error = answer["error"]
             assert isinstance(error["code"], int) and error["msg"], answer
+            assert error["code"] != ERR_INTERNAL, (data, answer)  # bad input is not our fault
             counts["rejected"] += 1
+            counts[f"code {error['code']}"] += 1
         else:
             counts["accepted"] += 1  # e.g. a DEL or GC of nothing: nothing to change
         assert world.state() == clean, (data, answer)
@@ -258,4 +322,4 @@ def test_raw_messages_on_the_socket_never_change_state_or_stop_the_server(
     rc, _ = shim.run(env, json.dumps(config).encode())
     assert rc == 0
     print(f"\nraw socket corpus: {dict(sorted(counts.items()))}")
-    assert counts["tried"] >= 400
+    assert counts["tried"] >= 600

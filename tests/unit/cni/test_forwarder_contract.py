@@ -114,3 +114,12 @@ def test_the_forwarders_stdin_forms() -> None:
     with pytest.raises(shim.CNIError) as refused:
         forwarded_stdin({"stdin_base64": "not base64!"})
     assert refused.value.code == shim.ERR_DECODING
+
+
+@pytest.mark.parametrize("encoded", ["\u00e4{", "\u00a1\u0004", "not base64!", ["a"], 7])
+def test_a_stdin_base64_that_is_not_base64_is_a_decoding_error(encoded: object) -> None:
+    """Found by the raw corpus: a non-ASCII `stdin_base64` was an internal error (999)."""
+    with pytest.raises(shim.CNIError) as refused:
+        forwarded_stdin({"command": "ADD", "env": {}, "stdin_base64": encoded})
+    assert refused.value.code == shim.ERR_DECODING
+    assert refused.value.msg == "stdin_base64 is not base64"
