@@ -1,5 +1,6 @@
 # The Tabby image: tabby-node (the default entrypoint), tabbyctl (used by the
-# DaemonSet's install-cni init container) and the IPAM garbage collector.
+# DaemonSet's install-cni init container), the IPAM garbage collector, and the
+# static node-side CNI executables install-cni copies to /opt/cni/bin.
 #
 #   docker build -t tabby:0.1.0 .
 #
@@ -24,6 +25,16 @@ RUN apt-get update \
 COPY pyproject.toml /src/
 RUN python -c 'import tomllib; print("\n".join(tomllib.load(open("/src/pyproject.toml", "rb"))["project"]["dependencies"]))' > /src/requirements.txt \
     && pip wheel --no-cache-dir --wheel-dir /wheels -r /src/requirements.txt
+
+# The node-side CNI executables, static (a node needs no interpreter and no CNI
+# plugins of its own): tabby, the forwarder to the agent (cni/forwarder), and the
+# reference portmap and bandwidth plugins the conflist chains, from the Go module
+# proxy. hack/build-cni.sh is the one recipe, here and for the lab's image.
+FROM golang:1.26-bookworm AS cni
+COPY cni/forwarder /src/cni/forwarder
+COPY hack/build-cni.sh /src/hack/
+RUN TABBY_CACHE_DIR=/build /src/hack/build-cni.sh \
+    && mkdir /out && cp "$(dirname "$(TABBY_CACHE_DIR=/build /src/hack/build-cni.sh --print)")"/* /out/
 
 FROM python:3.11-slim
 
@@ -56,6 +67,9 @@ COPY lab/ lab/
 RUN --mount=type=bind,from=wheels,source=/wheels,target=/wheels \
     pip install --no-cache-dir --find-links /wheels . \
     && rm -rf /src /usr/local/lib/python3.11/site-packages/kubernetes/aio
+
+# install-cni (tabbyctl cni install --from) copies these to the node's /opt/cni/bin.
+COPY --from=cni /out/ /usr/lib/tabby/cni/
 
 WORKDIR /
 ENTRYPOINT ["tabby-node"]

@@ -1,14 +1,22 @@
-"""Install the `tabby` CNI plugin and its network config, as the DaemonSet's init
+"""Install Tabby's CNI executables and its network config, as the DaemonSet's init
 container and `tabbyctl cni install` do. Standard library only.
 
-The plugin is a three-line launcher with a `python3 -I -S` shebang (isolated, no
-site packages: it needs none and starts faster) that imports the shim from
-`tabby.d/` beside it. A script run directly is compiled from source on every
-call (~3-5 ms for the shim); a module imported is loaded from the bytecode cached
-next to it, which install writes ahead (the interpreter writes its own on first
-use if it differs from the installer's). The conflist names Tabby first so the
-runtime uses it; other configs already in the directory are reported, because a
-runtime only uses the first one in lexical order.
+What a node runs (`install_executables`): the static executables the image carries
+at /usr/lib/tabby/cni (hack/build-cni.sh builds them; Go, no cgo): `tabby`, the
+forwarder to the node agent (cni/forwarder), and the reference `portmap` and
+`bandwidth` that the conflist chains. A node needs no interpreter and no CNI
+plugins of its own: kind, Container-Optimized OS, Bottlerocket, Talos and Flatcar
+have no Python.
+
+The Python shim (cni/shim.py, `install_shim`) is not installed on nodes any more.
+It stays as the reference the executable keeps the rules of (the tests run every
+bad-input case through both) and as the plugin of the namespace lab and the CNI
+latency benchmark, which run on a host that has Python. Its launcher has a
+`python3 -I -S` shebang and imports the shim from `tabby.d/` beside it, whose
+bytecode install writes ahead.
+
+The conflist names Tabby first so the runtime uses it; other configs already in the
+directory are reported, because a runtime only uses the first one in lexical order.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ import os
 import py_compile
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 SHIM = Path(__file__).with_name("shim.py")
@@ -31,6 +40,14 @@ from {module} import main
 sys.exit(main())
 """
 NETWORK_NAME = "k8s-pod-network"
+# Where the image carries the node-side executables (lab/images.py, Dockerfile).
+EXECUTABLES_DIR = Path("/usr/lib/tabby/cni")
+PLUGIN = "tabby"
+CHAINED = ("portmap", "bandwidth")
+
+
+class InstallError(RuntimeError):
+    """What cannot be installed, said so that an operator can act on it."""
 
 
 def conflist(
@@ -65,8 +82,30 @@ def _atomic_write(path: Path, data: bytes, mode: int) -> None:
         raise
 
 
-def install_plugin(bin_dir: Path, python: str = sys.executable) -> Path:
-    """Write bin_dir/tabby (the launcher) and bin_dir/tabby.d/ (the shim, compiled)."""
+def install_executables(
+    bin_dir: Path, source: Path = EXECUTABLES_DIR, chained: Sequence[str] = CHAINED
+) -> list[Path]:
+    """Copy `tabby` and the chained plugins from source to bin_dir, each atomically (a
+    runtime calling the plugin meanwhile runs the old or the new file, never half of
+    one); returns what was written. `tabby` must be there; a chained plugin may be
+    absent from source when the node has its own (install warns about neither)."""
+    if not (source / PLUGIN).is_file():
+        raise InstallError(
+            f"no {PLUGIN} executable in {source}: run the Tabby image's install-cni, or "
+            "build it with hack/build-cni.sh and pass its folder as --from"
+        )
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name in (PLUGIN, *chained):
+        if (source / name).is_file():
+            _atomic_write(bin_dir / name, (source / name).read_bytes(), 0o755)
+            written.append(bin_dir / name)
+    return written
+
+
+def install_shim(bin_dir: Path, python: str = sys.executable) -> Path:
+    """Write bin_dir/tabby (the shim's launcher) and bin_dir/tabby.d/ (the shim,
+    compiled): the reference plugin, for hosts with Python only (module docstring)."""
     bin_dir.mkdir(parents=True, exist_ok=True)
     target = bin_dir / "tabby"
     module_dir = bin_dir / "tabby.d"

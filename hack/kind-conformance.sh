@@ -24,8 +24,6 @@
 #   E2E_NODES [1]                  >1: run in parallel through ginkgo
 #   E2E_DIR []                     folder with e2e.test (and ginkgo); empty =
 #                                  download the release matching the server
-#   CNI_PLUGINS_VERSION [v1.6.2]   reference plugins (portmap, bandwidth) to
-#                                  add to nodes whose image lacks them
 #   ARTIFACTS [_artifacts/kind-conformance]   e2e reports and exported logs
 #   KEEP []                        1: keep the cluster after `all`
 set -euo pipefail
@@ -39,7 +37,6 @@ E2E_FOCUS=${E2E_FOCUS:-'\[sig-network\] Netpol'}
 E2E_SKIP=${E2E_SKIP:-'SCTP|\[Disruptive\]|\[Feature:Networking-IPv6\]'}
 E2E_NODES=${E2E_NODES:-1}
 E2E_DIR=${E2E_DIR:-}
-CNI_PLUGINS_VERSION=${CNI_PLUGINS_VERSION:-v1.6.2}
 ARTIFACTS=${ARTIFACTS:-_artifacts/kind-conformance}
 KEEP=${KEEP:-}
 CONTEXT="kind-$CLUSTER"
@@ -82,31 +79,6 @@ build_and_load_image() {
   log "building $IMAGE"
   docker build -t "$IMAGE" .
   kind load docker-image "$IMAGE" --name "$CLUSTER"
-}
-
-# The CNI plugin (/opt/cni/bin/tabby) is a Python script run by containerd on
-# the node itself, and its network config chains the reference portmap and
-# bandwidth plugins: make sure every node has all three prerequisites.
-prepare_nodes() {
-  local plugins_tgz=""
-  for node in $(kind get nodes --name "$CLUSTER"); do
-    if ! docker exec "$node" test -x /usr/bin/python3; then
-      log "$node: installing python3 (runs the tabby CNI plugin)"
-      docker exec "$node" sh -c 'apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3-minimal >/dev/null'
-    fi
-    if ! docker exec "$node" sh -c 'test -x /opt/cni/bin/portmap && test -x /opt/cni/bin/bandwidth'; then
-      if [[ -z $plugins_tgz ]]; then
-        plugins_tgz="$ARTIFACTS/cni-plugins-$CNI_PLUGINS_VERSION.tgz"
-        mkdir -p "$ARTIFACTS"
-        [[ -s $plugins_tgz ]] || curl -fsSL -o "$plugins_tgz" \
-          "https://github.com/containernetworking/plugins/releases/download/$CNI_PLUGINS_VERSION/cni-plugins-linux-$(arch)-$CNI_PLUGINS_VERSION.tgz"
-      fi
-      log "$node: adding portmap and bandwidth $CNI_PLUGINS_VERSION to /opt/cni/bin"
-      docker cp "$plugins_tgz" "$node:/tmp/cni-plugins.tgz"
-      docker exec "$node" sh -c 'mkdir -p /tmp/cni-plugins && tar -C /tmp/cni-plugins -xzf /tmp/cni-plugins.tgz &&
-        cp -n /tmp/cni-plugins/portmap /tmp/cni-plugins/bandwidth /opt/cni/bin/'
-    fi
-  done
 }
 
 install_tabby() {
@@ -170,7 +142,7 @@ export_logs() {
     >"$ARTIFACTS/tabby-node.log" 2>&1 || true
 }
 
-up() { create_cluster; build_and_load_image; prepare_nodes; install_tabby; }
+up() { create_cluster; build_and_load_image; install_tabby; }
 down() { kind delete cluster --name "$CLUSTER"; }
 
 main() {

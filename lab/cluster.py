@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from bgp.speaker import is_our_speaker
-from cni.install import conflist, install_plugin
+from cni.install import conflist, install_shim
 from datastore import kinds
 from datastore.client import Datastore
 from datastore.errors import AlreadyExists, NotFound
@@ -116,7 +116,7 @@ class LabCluster(PodLab[PodInfo]):
         self._save(fresh=True)  # a new lab: nothing of an older cluster.json carries over
         ds = self.datastore()
         self._create_cluster_objects(ds)
-        install_plugin(self.cni_bin_dir, sys.executable)
+        install_shim(self.cni_bin_dir, sys.executable)
         for index, node in enumerate(self.lab.nodes):
             progress(f"starting tabby-node on {node.name} ({node.ip})")
             self._register_node(ds, node, reflector=self._is_reflector(index))

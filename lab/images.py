@@ -22,7 +22,9 @@ is a Debian bookworm root filesystem made by mmdebstrap from Debian packages
 Tabby's runtime dependencies, installed by the image's own python from wheels the
 host built; it is keyed on the recipe and pyproject's dependency list. The TOP layer
 holds Tabby's own packages (with bytecode), its dist-info and its console scripts,
-written here as a tar: no unpacking, no pip, keyed on the sources' hash.
+and the static node-side CNI executables (hack/build-cni.sh: the forwarder, portmap,
+bandwidth) at CNI_PLUGIN_DIR, written here as a tar: no unpacking, no pip, keyed on
+the sources' and the executables' hashes.
 
 The recipe mirrors the repo's Dockerfile. Why a venv: bgp.speaker runs the `exabgp`
 script found beside sys.executable, so the interpreter and the scripts must share a
@@ -55,7 +57,7 @@ import sys
 import tarfile
 import time
 import tomllib
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -102,6 +104,10 @@ VENV = "/opt/tabby"
 PYTHON_TAG = "python3.11"  # bookworm's python3; wheels and bytecode are built for it
 SITE_PACKAGES = f"{VENV}/lib/{PYTHON_TAG}/site-packages"
 IMAGE_PATH = f"{VENV}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# The static node-side executables (hack/build-cni.sh) that install-cni copies to a
+# node's /opt/cni/bin; the Dockerfile puts them at the same path.
+CNI_PLUGIN_DIR = "/usr/lib/tabby/cni"
+NODE_CNI_EXECUTABLES = ("tabby", "portmap", "bandwidth")
 # Bump when the recipe changes in a way the constants above do not show.
 BASE_RECIPE_VERSION = 1
 TOP_RECIPE_VERSION = 1
@@ -539,8 +545,19 @@ def base_key(project: Project) -> str:
     )
 
 
-def top_key(project: Project, base: str) -> str:
-    """What the TOP layer depends on: the base, Tabby's files, its metadata and scripts."""
+def node_cni_executables() -> dict[str, Path]:
+    """hack/build-cni.sh's static executables (built if missing), by name."""
+    folder = Path(_run([REPO / "hack" / "build-cni.sh"]).strip()).parent
+    found = {name: folder / name for name in NODE_CNI_EXECUTABLES}
+    missing = [str(path) for path in found.values() if not path.is_file()]
+    if missing:
+        raise ImageBuildError(f"hack/build-cni.sh left no {', '.join(missing)}")
+    return found
+
+
+def top_key(project: Project, base: str, cni: Mapping[str, Path] | None = None) -> str:
+    """What the TOP layer depends on: the base, Tabby's files, its metadata and scripts,
+    and the node-side CNI executables it carries."""
     files = {str(f): sha256_file(project.root / f) for f in project.source_files()}
     return _key(
         {
@@ -551,6 +568,7 @@ def top_key(project: Project, base: str) -> str:
             "scripts": project.scripts,
             "dependencies": list(project.dependencies),
             "files": files,
+            "cni": {name: sha256_file(path) for name, path in sorted((cni or {}).items())},
         }
     )
 
@@ -733,11 +751,15 @@ def _bytecode(source: Path, image_path: str, cache: Path) -> Path | None:
     return cached
 
 
-def write_tabby_layer(layer: Layer, project: Project, pyc_cache: Path) -> set[Path]:
+def write_tabby_layer(
+    layer: Layer, project: Project, pyc_cache: Path, cni: Mapping[str, Path] | None = None
+) -> set[Path]:
     """Tabby's packages, bytecode, dist-info and console scripts, as pip would install
-    them; returns the bytecode cache files it used."""
+    them, and the node-side CNI executables; returns the bytecode cache files it used."""
     record: list[str] = []
     used: set[Path] = set()
+    for name, path in sorted((cni or {}).items()):
+        layer.file(f"{CNI_PLUGIN_DIR}/{name}", path.read_bytes(), 0o755)
 
     def add(rel: str, data: bytes, mode: int = 0o644) -> None:
         layer.file(f"{SITE_PACKAGES}/{rel}", data, mode)
@@ -772,21 +794,29 @@ def build_tabby_image(project: Project | None = None, cache: Path | None = None)
         _clear_stale(cache, "tabby-*")
         _clear_stale(cache, "wheels-*")
         base = build_tabby_base(project, cache)
-        key = top_key(project, base_key(project))
+        cni = node_cni_executables()
+        key = top_key(project, base_key(project), cni)
         archive = cache / f"tabby-{project.version}-{key[:16]}.tar"
         if not archive.exists():
-            _build_top(project, base, key, archive, cache)
+            _build_top(project, base, key, archive, cache, cni)
         _prune(cache, f"tabby-{project.version}-*.tar", KEEP_ARCHIVES, archive)
     return archive
 
 
-def _build_top(project: Project, layout: Path, key: str, archive: Path, cache: Path) -> None:
+def _build_top(
+    project: Project,
+    layout: Path,
+    key: str,
+    archive: Path,
+    cache: Path,
+    cni: Mapping[str, Path],
+) -> None:
     """Append the TOP layer under a tag of its own, export it, then drop the tag again."""
     work = _fresh_dir(cache / "tmp" / f"tabby-top-{os.getpid()}")
     tag = f"top-{key[:16]}-{os.getpid()}"
     try:
         with _step("tabby top: layer tar"), Layer(work / "tabby.tar") as layer:
-            used = write_tabby_layer(layer, project, cache / "pyc")
+            used = write_tabby_layer(layer, project, cache / "pyc", cni)
         for stale in set((cache / "pyc").glob("*.pyc")) - used:
             stale.unlink(missing_ok=True)
         _run(

@@ -150,6 +150,7 @@ class KubeCluster(PodLab[KubePod]):
             cluster_cidr=POD_CIDR,
             proxy_mode=self.spec.proxy_mode,
             max_pods=self.spec.max_pods,
+            cni=self.spec.cni,
         )
         names = ", ".join(n.name for n in self.lab.nodes)
         progress(f"starting containerd, kubelet and kube-proxy on {names} (images imported)")
@@ -541,6 +542,8 @@ class KubeCluster(PodLab[KubePod]):
                 bin_dir=cluster._bin_dir(),
                 cluster_cidr=POD_CIDR,
                 proxy_mode=cluster.spec.proxy_mode,
+                max_pods=cluster.spec.max_pods,
+                cni=cluster.spec.cni,
             )
             cluster.kube_nodes = [
                 KubeNode(cluster.lab, n, cluster.node_dir(n.name), config)

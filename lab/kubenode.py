@@ -52,8 +52,10 @@ NODE_PATHS = (
     "/lib/modules",
 )
 # CNI plugins a node is provisioned with (kubeadm's kubernetes-cni does the same):
-# the runtime's loopback and what Tabby's conflist chains.
-REFERENCE_PLUGINS = ("loopback", "portmap", "bandwidth", "host-local", "ptp")
+# the runtime's loopback, and the ptp peer's plugins. What Tabby's conflist chains
+# (portmap, bandwidth) its install-cni brings: a Tabby node has none of its own.
+REFERENCE_PLUGINS = ("loopback", "host-local", "ptp")
+PEER_CHAINED_PLUGINS = ("portmap", "bandwidth")  # only where the peer CNI is the ptp one
 REFERENCE_PLUGIN_DIR = Path("/usr/lib/cni")
 CLUSTER_DOMAIN = "cluster.local"
 # The kube-dns Service's address in lab/coredns.yaml (inside the Service range).
@@ -71,6 +73,7 @@ class NodeConfig:
     proxy_mode: str = "iptables"  # iptables | nftables
     max_pods: int = 110
     cluster_dns: str = CLUSTER_DNS
+    cni: str = "tabby"  # tabby | ptp: the peer's nodes get the chained plugins too
 
 
 class MountNamespace:
@@ -246,7 +249,8 @@ class KubeNode:
 
     def _provision_cni_plugins(self) -> None:
         bin_dir = self.private_dir("/opt/cni/bin")
-        for name in REFERENCE_PLUGINS:
+        extra = PEER_CHAINED_PLUGINS if self.config.cni == "ptp" else ()
+        for name in (*REFERENCE_PLUGINS, *extra):
             if (REFERENCE_PLUGIN_DIR / name).exists():
                 shutil.copy2(REFERENCE_PLUGIN_DIR / name, bin_dir / name)
 

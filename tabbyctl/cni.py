@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -44,10 +43,12 @@ def cni() -> None:
 )
 @click.option("--mtu", type=click.IntRange(576, 9000), default=1500, show_default=True)
 @click.option(
-    "--python",
-    default=sys.executable,
+    "--from",
+    "source",
+    type=click.Path(path_type=Path),
+    default=install.EXECUTABLES_DIR,
     show_default=True,
-    help="Interpreter the plugin runs with (isolated mode).",
+    help="Folder holding the static executables to copy (the image carries them here).",
 )
 @click.option("--no-portmap", is_flag=True, help="Do not chain the portmap plugin.")
 @click.option("--no-bandwidth", is_flag=True, help="Do not chain the bandwidth plugin.")
@@ -56,24 +57,29 @@ def install_cmd(
     conf_dir: Path,
     socket_path: str,
     mtu: int,
-    python: str,
+    source: Path,
     no_portmap: bool,
     no_bandwidth: bool,
 ) -> None:
-    """Write the plugin to BIN_DIR/tabby and the network config to CONF_DIR."""
+    """Copy the static tabby executable (and the chained portmap and bandwidth) to
+    BIN_DIR, and write the network config to CONF_DIR. Nothing else on the node is
+    needed: no interpreter, no CNI plugins of its own."""
     if not socket_path.startswith("/"):
         fail(f"--socket must be an absolute path, got {socket_path!r}")
-    plugin = install.install_plugin(bin_dir, python)
+    chained = [
+        name for name, off in (("portmap", no_portmap), ("bandwidth", no_bandwidth)) if not off
+    ]
+    try:
+        written = install.install_executables(bin_dir, source, chained)
+    except (install.InstallError, OSError) as exc:
+        fail(str(exc))
     config = install.conflist(
         socket=socket_path, mtu=mtu, chain_portmap=not no_portmap, chain_bandwidth=not no_bandwidth
     )
-    missing = [
-        p["type"]
-        for p in config["plugins"][1:]  # type: ignore[index]
-        if not (bin_dir / str(p["type"])).exists()
-    ]
+    missing = [name for name in chained if not (bin_dir / name).exists()]
     conflist, others = install.install_config(conf_dir, config)
-    click.echo(f"installed plugin {plugin}")
+    for path in written:
+        click.echo(f"installed {path}")
     click.echo(f"installed network config {conflist}")
     if missing:
         warn(

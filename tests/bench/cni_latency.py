@@ -25,7 +25,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
-from cni.install import install_plugin  # noqa: E402
+from cni.install import install_shim  # noqa: E402
 
 PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
 CNI_BIN = Path("/usr/lib/cni")
@@ -148,7 +148,7 @@ def bench(n: int, work: Path) -> tuple[float, float]:
             "type": "ptp",
             "ipam": {"type": "host-local", "subnet": "10.82.0.0/24", "dataDir": str(work / "ipam")},
         }
-        plugin = install_plugin(work / "bin", PYTHON)  # as `tabbyctl cni install` does
+        plugin = install_shim(work / "bin", PYTHON)  # as `tabbyctl cni install` does
         t_add, t_del = run_plugin(node, pods, [str(plugin)], tabby_conf)
         wait_for_teardowns(node)
         p_add, p_del = run_plugin(node, pods, [str(CNI_BIN / "ptp")], ptp_conf)

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from cni.install import conflist, install_plugin
+from cni.install import conflist, install_shim
 from datastore import kinds
 from datastore.client import Datastore
 from datastore.errors import NotFound
@@ -188,7 +188,7 @@ def running_agent(
     node_name = f"{node.name}-{lab.lab_id}"
     ensure_node(ds, node_name, str(node.address))
     run_dir, bin_dir = tmp_path / "run", tmp_path / "bin"
-    install_plugin(bin_dir, sys.executable)
+    install_shim(bin_dir, sys.executable)
     try:
         lab.relay_apiserver(node, control_plane.expose_unix_socket(), control_plane.apiserver_port)
         argv = [str(TABBY_NODE), *agent_args(node_name, control_plane.kubeconfig, run_dir, *extra)]

@@ -30,7 +30,7 @@ from typing import Any
 
 import pytest
 
-from cni.install import install_plugin
+from cni.install import install_shim
 from datastore import kinds
 from datastore.client import Datastore
 from datastore.errors import DatastoreError
@@ -124,7 +124,7 @@ def restartable_agent(control_plane: ControlPlane, tmp_path: Path) -> Iterator[R
     node_name = f"{node.name}-{lab.lab_id}"
     ensure_node(ds, node_name, str(node.address))
     run_dir, bin_dir = tmp_path / "run", tmp_path / "bin"
-    install_plugin(bin_dir, sys.executable)
+    install_shim(bin_dir, sys.executable)
     args = agent_args(node_name, control_plane.kubeconfig, run_dir, "--no-bgp")
     agent: RestartableAgent | None = None
     try:

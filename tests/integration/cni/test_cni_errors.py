@@ -2,7 +2,7 @@
 
 The plugin is the static forwarder (``cni/forwarder``, what nodes run) or, as the
 reference it keeps the rules of, the Python shim installed with
-:func:`cni.install.install_plugin`; each is run as a runtime runs it: its path
+:func:`cni.install.install_shim`; each is run as a runtime runs it: its path
 executed inside the node namespace, with the CNI_* environment and the network
 config on stdin. The agent is the real one
 (``python -m felix.cni_server`` in a node namespace this test owns); the
@@ -33,7 +33,7 @@ from typing import Any
 
 import pytest
 
-from cni.install import install_plugin
+from cni.install import install_shim
 from cni.shim import MAX_MESSAGE
 from lab import netns
 
@@ -166,7 +166,7 @@ def node(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Node]:
     tag = secrets.token_hex(3)
     name, pod = f"tbt-{tag}-node", f"tbt-{tag}-pod"
     if request.param == "shim":
-        plugin = install_plugin(tmp_path / "bin", python=PYTHON)
+        plugin = install_shim(tmp_path / "bin", python=PYTHON)
     else:
         plugin = tmp_path / "bin" / "tabby"
         plugin.parent.mkdir()

@@ -21,6 +21,8 @@ from lab.controlplane import k8s_bin_dir
 from lab.images import (
     AGNHOST_ALIASES,
     AGNHOST_IMAGE,
+    CNI_PLUGIN_DIR,
+    NODE_CNI_EXECUTABLES,
     SITE_PACKAGES,
     TABBY_IMAGE,
     VENV,
@@ -146,11 +148,13 @@ def test_tabby_image_holds_what_the_daemonset_and_controllers_run(
     assert _exec(runtime, node, "/bin/sh", "-c", script).split()[0] == "lo"
 
     # The install-cni init container's command, as the DaemonSet runs it.
+    # It copies the image's static executables: each one runs with nothing but itself.
     install = "tabbyctl cni install --bin-dir=/host/bin --conf-dir=/host/net.d --mtu=1440"
-    _exec(runtime, node, "/bin/sh", "-c", f"{install} --python=/usr/bin/python3")
-    launcher = _exec(runtime, node, "head", "-1", "/host/bin/tabby")
-    assert launcher.strip() == "#!/usr/bin/python3 -IS"
+    _exec(runtime, node, "/bin/sh", "-c", f"{install} --from={CNI_PLUGIN_DIR}")
     assert '"mtu": 1440' in _exec(runtime, node, "cat", "/host/net.d/10-tabby.conflist")
+    for name in NODE_CNI_EXECUTABLES:
+        version = _exec(runtime, node, "env", "-i", "CNI_COMMAND=VERSION", f"/host/bin/{name}")
+        assert '"supportedVersions"' in version and '"1.1.0"' in version, (name, version)
 
     # The controllers' securityContext: nobody, read-only root; bytecode is in the image.
     ctl = _container(

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from cni.install import conflist, install_config, install_plugin
+from cni.install import conflist, install_config, install_shim
 from datastore import kinds
 from datastore.client import Datastore
 from datastore.errors import DatastoreError
@@ -79,7 +79,7 @@ def tabby_runtime_node(
     node_name = f"{node.name}-{lab.lab_id}"
     ensure_node(ds, node_name, str(node.address))
     run_dir, bin_dir, conf_dir = tmp_path / "run", tmp_path / "cni-bin", tmp_path / "cni-conf"
-    install_plugin(bin_dir, sys.executable)
+    install_shim(bin_dir, sys.executable)
     for plugin in ("loopback", "portmap", "bandwidth"):
         shutil.copy2(REFERENCE_PLUGINS / plugin, bin_dir / plugin)
     install_config(conf_dir, conflist(socket=str(run_dir / "cni.sock")))

@@ -244,7 +244,7 @@ def test_installed_copy_runs_by_its_shebang(tmp_path: Path) -> None:
     """Runtimes exec the plugin file itself: the shebang must run it with -I -S."""
     if not os.path.exists("/usr/bin/python3"):
         pytest.skip("the installed launcher names /usr/bin/python3, which this machine lacks")
-    plugin = install.install_plugin(tmp_path, "/usr/bin/python3")
+    plugin = install.install_shim(tmp_path, "/usr/bin/python3")
     proc = subprocess.run(
         [str(plugin)],
         input=b"{}",

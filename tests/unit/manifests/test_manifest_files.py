@@ -23,6 +23,7 @@ import yaml
 from click.testing import CliRunner
 
 from bgp.config import BGP_SECRET
+from cni import install
 from controllers import main as gc_main
 from datastore import incluster
 from datastore.client import Datastore
@@ -425,7 +426,19 @@ def test_install_cni_writes_what_the_agent_serves(
     assert argv[0] == "tabbyctl"
     mounts = {m["mountPath"] for m in init["volumeMounts"]}
     assert mounts == {"/host/opt/cni/bin", "/host/etc/cni/net.d"}
-    moved = [a.replace("=/host/", f"={tmp_path}/host/") for a in argv[1:]]
+    # The image's executables are hack/build-cni.sh's (lab/images.py copies them there).
+    built = Path(
+        subprocess.run(
+            [str(REPO / "hack" / "build-cni.sh")], capture_output=True, text=True, check=True
+        ).stdout.strip()
+    ).parent
+    assert f"--from={install.EXECUTABLES_DIR}" in argv
+    moved = [
+        a.replace("=/host/", f"={tmp_path}/host/").replace(
+            f"--from={install.EXECUTABLES_DIR}", f"--from={built}"
+        )
+        for a in argv[1:]
+    ]
     result = CliRunner().invoke(cli, moved)
     assert result.exit_code == 0, result.output
     conflist = json.loads((tmp_path / "host/etc/cni/net.d/10-tabby.conflist").read_text())
@@ -435,9 +448,14 @@ def test_install_cni_writes_what_the_agent_serves(
     )
     assert plugin["agent_socket"] == socket
     assert plugin["mtu"] == int(config["veth_mtu"])
-    shim = tmp_path / "host/opt/cni/bin/tabby"
-    assert shim.read_text().splitlines()[0] == f"#!{config['cni_python']} -IS"
-    assert shim.stat().st_mode & stat.S_IXUSR
+    # What a node runs: the static executables, no script for an interpreter it may lack.
+    for name in ("tabby", "portmap", "bandwidth"):
+        copied = tmp_path / "host/opt/cni/bin" / name
+        assert copied.read_bytes() == (built / name).read_bytes()
+        assert copied.read_bytes()[:4] == b"\x7fELF"
+        assert copied.stat().st_mode & stat.S_IXUSR
+    assert [p["type"] for p in conflist["plugins"]] == ["tabby", "portmap", "bandwidth"]
+    assert "chained plugins not found" not in result.output
 
 
 def _stub(directory: Path, name: str, body: str) -> None:
