@@ -19,6 +19,7 @@ import pytest
 from datastore.client import Datastore
 from lab import netns
 from lab.controlplane import ControlPlane
+from lab.host_snapshot import cgroup_entries
 from lab.netns import list_netns
 
 
@@ -94,23 +95,8 @@ def _mounts() -> set[str]:
     return {line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()}
 
 
-CGROUP_ROOT = Path("/sys/fs/cgroup")
-
-
-def _cgroups() -> set[str]:
-    """Each cgroup hierarchy's top-level cgroups (where labs and runtimes make theirs,
-    the unified one included), and every cgroup mount with its options."""
-    found = set()
-    for hierarchy in CGROUP_ROOT.iterdir() if CGROUP_ROOT.is_dir() else ():
-        try:
-            found |= {f"{hierarchy.name}/{c.name}" for c in hierarchy.iterdir() if c.is_dir()}
-        except OSError:
-            continue
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        fields = line.split()
-        if fields[4].startswith(str(CGROUP_ROOT)):
-            found.add(f"mount {fields[4]} {fields[5]}")
-    return found
+def _cgroups() -> frozenset[str]:
+    return cgroup_entries()
 
 
 @pytest.fixture(scope="session", autouse=True)

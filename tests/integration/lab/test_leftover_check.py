@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import CGROUP_ROOT, _cgroups
+from lab.host_snapshot import CGROUP_ROOT
+from tests.integration.conftest import _cgroups
 
 pytestmark = pytest.mark.integration
 
