@@ -17,7 +17,8 @@ log = logging.getLogger(__name__)
 Objects = Callable[[str], list[dict[str, Any]]]  # an informer's objects, by its name
 
 # Changes that cannot alter what BGP announces or installs: no BGP work for them.
-NOT_BGP_REASONS = frozenset({"pods", "namespaces", "policies", STATUS_STALE})
+# (An informer name missing here costs a BGP pass per change, never a missed one.)
+NOT_BGP_REASONS = frozenset({"pods", "namespaces", "policies", "clusterpolicies", STATUS_STALE})
 
 
 def secret_values(secrets: Iterable[dict[str, Any]]) -> dict[str, str]:

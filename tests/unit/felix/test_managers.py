@@ -56,7 +56,9 @@ def test_bgp_works_only_when_something_it_reads_changed() -> None:
     manager, controller, invalid = _bgp()
     drive(manager, resync=False)  # the first pass programs what the caches hold
     assert controller.calls == ["update"] and invalid == [1]
-    manager.on_update({"pods", "policies", "endpoint-added", "endpoint-removed:cali1"})
+    manager.on_update(
+        {"pods", "policies", "clusterpolicies", "endpoint-added", "endpoint-removed:cali1"}
+    )
     drive(manager, resync=False)
     assert controller.calls == ["update"]  # nothing BGP reads changed
     manager.on_update({"pods", "blocks"})
