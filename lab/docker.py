@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 
 from lab import netns
-from lab.runtime import remove_cgroup_tree
+from lab.kubenode import NodeCgroups
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +48,6 @@ DOCKER = "/usr/bin/docker"  # Debian's client (a newer one may shadow it on PATH
 RUNC = "/usr/sbin/runc"
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 30.0
-CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 # Linux capability numbers (include/uapi/linux/capability.h), as runc names them.
 CAPABILITIES = (
@@ -230,26 +229,23 @@ class DockerDaemon:
                 self.proc.kill()
                 self.proc.wait()
         self._kill_leftovers()
-        remove_cgroup_tree(self.cgroup_parent)
+        NodeCgroups(self.cgroup_parent).remove()
         if netns.exists(self.netns):
             netns.delete(self.netns)
         shutil.rmtree(self.workdir / "data", ignore_errors=True)
         shutil.rmtree(self.run_dir, ignore_errors=True)
 
-    def _leftover_pids(self) -> set[int]:
-        pids = set(netns.pids_in(self.netns)) if netns.exists(self.netns) else set()
-        for procs in (CGROUP_ROOT / "pids" / self.cgroup_parent).glob("**/cgroup.procs"):
-            with contextlib.suppress(OSError):
-                pids |= {int(p) for p in procs.read_text().split()}
-        return pids
-
     def _kill_leftovers(self) -> None:
-        """containerd, shims and container processes that outlived dockerd, by PID."""
+        """containerd, shims and container processes that outlived dockerd, by PID:
+        what runs in its namespace, then what runs in its cgroup parent."""
+        cgroups = NodeCgroups(self.cgroup_parent)
         deadline = time.monotonic() + STOP_TIMEOUT_S
-        while (pids := self._leftover_pids()) and time.monotonic() < deadline:
-            for pid in pids:
+        while time.monotonic() < deadline:
+            in_netns = netns.pids_in(self.netns) if netns.exists(self.netns) else []
+            for pid in in_netns:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
+            if not in_netns and not cgroups.kill_leftovers():
+                return
             time.sleep(0.1)
-        if pids:
-            log.warning("dockerd's processes %s survived SIGKILL", sorted(pids))
+        log.warning("dockerd's processes survived SIGKILL for %.0fs", STOP_TIMEOUT_S)

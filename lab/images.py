@@ -62,6 +62,7 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
+from cni import install
 from lab.runtime import PAUSE_IMAGE, build_pause_image
 
 log = logging.getLogger(__name__)
@@ -105,9 +106,9 @@ PYTHON_TAG = "python3.11"  # bookworm's python3; wheels and bytecode are built f
 SITE_PACKAGES = f"{VENV}/lib/{PYTHON_TAG}/site-packages"
 IMAGE_PATH = f"{VENV}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # The static node-side executables (hack/build-cni.sh) that install-cni copies to a
-# node's /opt/cni/bin; the Dockerfile puts them at the same path.
-CNI_PLUGIN_DIR = "/usr/lib/tabby/cni"
-NODE_CNI_EXECUTABLES = ("tabby", "portmap", "bandwidth")
+# node's /opt/cni/bin, where it looks for them; the Dockerfile puts them there too.
+CNI_PLUGIN_DIR = str(install.EXECUTABLES_DIR)
+NODE_CNI_EXECUTABLES = (install.PLUGIN, *install.CHAINED)
 # Bump when the recipe changes in a way the constants above do not show.
 BASE_RECIPE_VERSION = 1
 TOP_RECIPE_VERSION = 1

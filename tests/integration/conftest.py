@@ -95,10 +95,6 @@ def _mounts() -> set[str]:
     return {line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()}
 
 
-def _cgroups() -> frozenset[str]:
-    return cgroup_entries()
-
-
 @pytest.fixture(scope="session", autouse=True)
 def netns_dir_prepared() -> None:
     """/run/netns mounted before the first leftover snapshot (see prepare_netns_dir)."""
@@ -126,7 +122,7 @@ def no_leftovers(request: pytest.FixtureRequest) -> Iterator[None]:
     """Fail a test that leaves a namespace, a mount or a process behind."""
     me = os.getpid()
     netns_before, mounts_before, kids_before = set(list_netns()), _mounts(), _children(me)
-    host_before, cgroups_before = _host_network(), _cgroups()
+    host_before, cgroups_before = _host_network(), cgroup_entries()
     yield
     # Session fixtures (the control plane) may start between before and after.
     # One snapshot of the process table for both sides: a lab's runtime starts and
@@ -139,7 +135,7 @@ def no_leftovers(request: pytest.FixtureRequest) -> Iterator[None]:
             allowed |= {pid, *_children(pid, tree)}
     new_netns = set(list_netns()) - netns_before
     new_mounts = _mounts() - mounts_before
-    cgroups_after = _cgroups()
+    cgroups_after = cgroup_entries()
     new_cgroups, lost_cgroups = cgroups_after - cgroups_before, cgroups_before - cgroups_after
     if "kube_cluster" in request.fixturenames:
         # A module's real-node lab outlives each test; its own teardown checks it.

@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from lab.host_snapshot import CGROUP_ROOT
-from tests.integration.conftest import _cgroups
+from lab.host_snapshot import CGROUP_ROOT, cgroup_entries
 
 pytestmark = pytest.mark.integration
 
@@ -17,12 +16,12 @@ def test_a_cgroup_left_at_a_hierarchys_root_is_seen_and_its_removal_too() -> Non
     hierarchy = next((h for h in sorted(CGROUP_ROOT.iterdir()) if h.name == "pids"), None)
     if hierarchy is None:
         pytest.skip("no pids cgroup hierarchy on this host")
-    before = _cgroups()
+    before = cgroup_entries()
     assert any(entry.startswith(f"mount {CGROUP_ROOT}") for entry in before), before
     probe = Path(hierarchy) / f"tabby-leftover-probe-{os.getpid()}"
     probe.mkdir()
     try:
-        assert _cgroups() - before == {f"pids/{probe.name}"}
+        assert cgroup_entries() - before == {f"pids/{probe.name}"}
     finally:
         probe.rmdir()
-    assert _cgroups() == before
+    assert cgroup_entries() == before
